@@ -1,0 +1,710 @@
+//! The per-node sync state machine: keeps each node's pod ranges and its VM's cloud alias in
+//! agreement, and owns the allocators. Sans-IO: host calls go through [`Host`], time comes in
+//! as `now_ms`, the next deadline goes out in [`TickReport`].
+
+use alloc::collections::{BTreeMap, BTreeSet};
+use alloc::format;
+use alloc::string::{String, ToString};
+use alloc::vec::Vec;
+use core::fmt;
+
+use ipnet::IpNet;
+
+use crate::cidrset::{CidrSet, CidrSetError};
+use crate::host::Host;
+use crate::types::{
+    Config, HostError, Level, Node, Stats, SyncError, SyncMode, TickReport, Usage,
+};
+
+/// Warning reason: the node's range and its cloud alias differ.
+pub const REASON_MISMATCH: &str = "CloudCIDRAllocatorMismatch";
+/// Warning reason: the node needs an action the configured mode does not allow.
+pub const REASON_INVALID_MODE: &str = "CloudCIDRAllocatorInvalidMode";
+/// Warning reason: a deleted node carried a range that does not parse.
+pub const REASON_INVALID_POD_CIDR: &str = "CloudCIDRAllocatorInvalidPodCIDR";
+
+/// Default delay between resyncs of a node in sync.
+pub const DEFAULT_RESYNC_MS: u64 = 30_000;
+/// Default first retry delay after a failure.
+pub const DEFAULT_INITIAL_RETRY_MS: u64 = 250;
+/// Default upper bound of the retry delay.
+pub const DEFAULT_MAX_BACKOFF_MS: u64 = 10_000;
+
+/// Longest value quoted in a message; longer ones are cut (a megabyte name stays a line).
+const MAX_QUOTED: usize = 64;
+
+/// When a node is next re-checked: `resync_ms` after a success; after consecutive failures
+/// `initial_retry_ms`, doubling up to `max_backoff_ms`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Backoff {
+    resync_ms: u64,
+    initial_retry_ms: u64,
+    max_backoff_ms: u64,
+}
+
+impl Backoff {
+    /// Validates the intervals; zero means the default.
+    pub fn new(resync_ms: u64, initial_retry_ms: u64, max_backoff_ms: u64) -> Result<Self, SyncError> {
+        let or = |v: u64, d: u64| if v == 0 { d } else { v };
+        let backoff = Self {
+            resync_ms: or(resync_ms, DEFAULT_RESYNC_MS),
+            initial_retry_ms: or(initial_retry_ms, DEFAULT_INITIAL_RETRY_MS),
+            max_backoff_ms: or(max_backoff_ms, DEFAULT_MAX_BACKOFF_MS),
+        };
+        if backoff.initial_retry_ms > backoff.max_backoff_ms {
+            return Err(SyncError::InvalidConfig(format!(
+                "initial retry {} ms is longer than max backoff {} ms",
+                backoff.initial_retry_ms, backoff.max_backoff_ms
+            )));
+        }
+        Ok(backoff)
+    }
+
+    /// The delay after `failures` consecutive failures (0: after a success).
+    pub fn delay_ms(&self, failures: u32) -> u64 {
+        if failures == 0 {
+            return self.resync_ms;
+        }
+        let doublings = (failures - 1).min(63);
+        self.initial_retry_ms
+            .checked_mul(1u64 << doublings)
+            .map_or(self.max_backoff_ms, |d| d.min(self.max_backoff_ms))
+    }
+}
+
+/// What the controller remembers of one node.
+#[derive(Debug)]
+struct NodeState {
+    /// Ranges occupied on the node's behalf (its own, an adopted alias, or an allocation).
+    held: Vec<IpNet>,
+    /// The network has not been marked available since the node became known or since a
+    /// write sequence for it started: a resync that finds it in sync marks it (again), so a
+    /// failed or interrupted write sequence, or a restart, never leaves it unavailable.
+    network_pending: bool,
+    /// Consecutive failed syncs.
+    failures: u32,
+    /// When the next resync is due.
+    due_ms: u64,
+}
+
+impl Default for NodeState {
+    fn default() -> Self {
+        Self { held: Vec::new(), network_pending: true, failures: 0, due_ms: 0 }
+    }
+}
+
+/// The node IPAM controller: allocators, per-node state and the resync schedule.
+#[derive(Debug)]
+pub struct Controller {
+    mode: SyncMode,
+    sets: Vec<CidrSet>,
+    backoff: Backoff,
+    nodes: BTreeMap<String, NodeState>,
+    /// Which node holds each range (the allocator only knows that a range is used).
+    holders: BTreeMap<IpNet, String>,
+    /// Resync queue, earliest first.
+    queue: BTreeSet<(u64, String)>,
+}
+
+impl Controller {
+    /// Validates `config`, occupies the ranges of every node (and, in `sync-from-cluster`, the
+    /// cloud alias of every node without a range), and schedules every node's first resync.
+    /// Unusable ranges are logged and skipped; a failed alias lookup fails the whole init.
+    pub fn init(
+        config: &Config,
+        nodes: &[Node],
+        now_ms: u64,
+        host: &mut impl Host,
+    ) -> Result<Self, SyncError> {
+        let mut controller = Self::new(config)?;
+        for node in nodes {
+            controller.know(&node.name);
+            for text in &node.pod_cidrs {
+                controller.occupy_at_start(host, &node.name, "pod range", text);
+            }
+        }
+        if controller.mode == SyncMode::SyncFromCluster {
+            for node in nodes.iter().filter(|n| n.pod_cidrs.is_empty()) {
+                let alias = match host.alias(node) {
+                    Ok(alias) => alias,
+                    Err(HostError::NotFound(_)) => continue,
+                    Err(e) => return Err(SyncError::Host(e)),
+                };
+                for text in &alias {
+                    controller.occupy_at_start(host, &node.name, "cloud alias", text);
+                }
+            }
+        }
+        let due = now_ms.saturating_add(controller.backoff.delay_ms(0));
+        for node in nodes {
+            controller.schedule_at(&node.name, due);
+        }
+        host.log(
+            Level::Info,
+            "initialized",
+            &[
+                ("nodes", &controller.nodes.len().to_string()),
+                ("mode", mode_name(controller.mode)),
+            ],
+        );
+        Ok(controller)
+    }
+
+    /// A controller with no nodes.
+    pub fn new(config: &Config) -> Result<Self, SyncError> {
+        Ok(Self {
+            mode: config.mode,
+            sets: cidr_sets(config)?,
+            backoff: Backoff::new(
+                config.resync_ms,
+                config.initial_retry_ms,
+                config.max_backoff_ms,
+            )?,
+            nodes: BTreeMap::new(),
+            holders: BTreeMap::new(),
+            queue: BTreeSet::new(),
+        })
+    }
+
+    /// A node was added or changed: sync it now and reschedule it.
+    pub fn update(&mut self, host: &mut impl Host, node: &Node, now_ms: u64) -> Result<(), SyncError> {
+        self.know(&node.name);
+        let result = self.sync(host, node);
+        self.reschedule(&node.name, now_ms, result.is_ok());
+        result
+    }
+
+    /// A node was deleted: release its ranges and any range held for it, and forget it.
+    pub fn delete(&mut self, host: &mut impl Host, node: &Node, _now_ms: u64) -> Result<(), SyncError> {
+        let name = node.name.as_str();
+        if !self.nodes.contains_key(name) {
+            host.log(
+                Level::Info,
+                "deleted node is not known: releasing nothing",
+                &[("node", &quote(name))],
+            );
+            return Ok(());
+        }
+        for text in &node.pod_cidrs {
+            match parse_cidr(text) {
+                Ok(range) => self.release_for(host, name, range),
+                Err(why) => host.emit_node_warning(
+                    name,
+                    REASON_INVALID_POD_CIDR,
+                    &format!("node {}: pod range {}: {why}", quote(name), quote(text)),
+                ),
+            }
+        }
+        self.forget(host, name);
+        Ok(())
+    }
+
+    /// Runs the resyncs due at `now_ms`, earliest first, at most `max_resyncs` (0: all).
+    pub fn tick(&mut self, host: &mut impl Host, now_ms: u64, max_resyncs: u32) -> TickReport {
+        let mut report = TickReport::default();
+        let limit = if max_resyncs == 0 { u32::MAX } else { max_resyncs };
+        while report.resynced + report.failed < limit {
+            let Some((due, _)) = self.queue.first() else { break };
+            if *due > now_ms {
+                break;
+            }
+            let Some((_, name)) = self.queue.pop_first() else { break };
+            match self.resync(host, &name, now_ms) {
+                Ok(()) => report.resynced += 1,
+                Err(e) => {
+                    report.failed += 1;
+                    host.log(
+                        Level::Warn,
+                        "resync failed",
+                        &[("node", &quote(&name)), ("error", &e.to_string())],
+                    );
+                }
+            }
+        }
+        report.next_due_ms = self.queue.first().map(|(due, _)| *due);
+        report
+    }
+
+    /// The allocators' counters.
+    pub fn stats(&self) -> Stats {
+        let mut stats = Stats {
+            nodes: u32::try_from(self.nodes.len()).unwrap_or(u32::MAX),
+            ..Stats::default()
+        };
+        for set in &self.sets {
+            stats.sets.push(Usage {
+                cidr: set.cluster().to_string(),
+                node_mask_size: set.node_mask_size(),
+                max: set.max(),
+                used: set.used(),
+            });
+            stats.allocations += set.allocations();
+            stats.releases += set.releases();
+            stats.allocation_tries += set.allocation_tries();
+        }
+        stats
+    }
+
+    /// When the earliest resync is due.
+    pub fn next_due_ms(&self) -> Option<u64> {
+        self.queue.first().map(|(due, _)| *due)
+    }
+
+    /// The ranges the controller holds for a node, in config order.
+    pub fn held(&self, name: &str) -> &[IpNet] {
+        self.nodes.get(name).map_or(&[], |state| &state.held)
+    }
+
+    /// Re-reads the node from the cluster and syncs it. A node the cluster no longer has is
+    /// forgotten and its ranges released.
+    fn resync(&mut self, host: &mut impl Host, name: &str, now_ms: u64) -> Result<(), SyncError> {
+        let result = match host.get_node(name) {
+            Ok(node) => self.sync(host, &node),
+            Err(HostError::NotFound(_)) => {
+                host.log(
+                    Level::Info,
+                    "node is gone from the cluster: releasing its ranges",
+                    &[("node", &quote(name))],
+                );
+                self.forget(host, name);
+                return Ok(());
+            }
+            Err(e) => Err(SyncError::Host(e)),
+        };
+        self.reschedule(name, now_ms, result.is_ok());
+        result
+    }
+
+    /// The update: compare the node's ranges with its cloud alias and act (DESIGN.md's table).
+    fn sync(&mut self, host: &mut impl Host, node: &Node) -> Result<(), SyncError> {
+        let ranges = self.parse_ranges(&node.name, "pod range", &node.pod_cidrs)?;
+        let alias = match host.alias(node) {
+            Ok(alias) => self.parse_ranges(&node.name, "cloud alias", &alias)?,
+            Err(HostError::NotFound(_)) => Vec::new(),
+            Err(e) => return Err(SyncError::Host(e)),
+        };
+        match (ranges.is_empty(), alias.is_empty()) {
+            (true, true) => self.allocate(host, node),
+            (true, false) => self.update_node_from_alias(host, node, &alias),
+            (false, true) => self.update_alias_from_node(host, node, &ranges),
+            (false, false) => self.validate(host, node, &ranges, &alias),
+        }
+    }
+
+    /// No range, no alias: allocate (or reuse a pending allocation), push it to the cloud,
+    /// set it on the node, mark the network available.
+    fn allocate(&mut self, host: &mut impl Host, node: &Node) -> Result<(), SyncError> {
+        self.require_mode(host, node, SyncMode::SyncFromCluster, "allocate a range")?;
+        let name = node.name.as_str();
+        self.set_state(name, |s| s.network_pending = true);
+        if self.held(name).is_empty() {
+            let ranges = self.allocate_all(name)?;
+            self.hold(name, &ranges);
+        }
+        let cidrs = to_strings(self.held(name));
+        match host.add_alias(node, &cidrs) {
+            Ok(()) => {}
+            Err(e @ HostError::Unavailable(_)) => {
+                // The cloud may have applied it: the range stays held for this node (pending),
+                // and the next resync pushes it again or adopts the alias.
+                return Err(SyncError::Host(e));
+            }
+            Err(e) => {
+                for range in self.held(name).to_vec() {
+                    self.release_for(host, name, range);
+                }
+                return Err(SyncError::Host(e));
+            }
+        }
+        host.update_node_pod_cidrs(node, &cidrs).map_err(SyncError::Host)?;
+        self.mark_network_available(host, name)
+    }
+
+    /// No range, an alias: in `sync-from-cloud` copy the alias onto the node. In
+    /// `sync-from-cluster` this is an allocation whose node write failed: complete it when the
+    /// alias is a node-sized range in a cluster CIDR that no other node holds.
+    fn update_node_from_alias(
+        &mut self,
+        host: &mut impl Host,
+        node: &Node,
+        alias: &[IpNet],
+    ) -> Result<(), SyncError> {
+        let name = node.name.as_str();
+        if self.mode == SyncMode::SyncFromCluster && !self.is_unfinished_allocation(name, alias) {
+            self.require_mode(host, node, SyncMode::SyncFromCloud, "copy the cloud alias to the node")?;
+        }
+        self.set_state(name, |s| s.network_pending = true);
+        self.settle(host, name, alias)?;
+        host.update_node_pod_cidrs(node, &to_strings(alias)).map_err(SyncError::Host)?;
+        self.mark_network_available(host, name)
+    }
+
+    /// A range, no alias: occupy the node's range and push it to the cloud.
+    fn update_alias_from_node(
+        &mut self,
+        host: &mut impl Host,
+        node: &Node,
+        ranges: &[IpNet],
+    ) -> Result<(), SyncError> {
+        self.require_mode(host, node, SyncMode::SyncFromCluster, "add the node's range as a cloud alias")?;
+        let name = node.name.as_str();
+        self.set_state(name, |s| s.network_pending = true);
+        self.settle(host, name, ranges)?;
+        host.add_alias(node, &to_strings(ranges)).map_err(SyncError::Host)?;
+        self.mark_network_available(host, name)
+    }
+
+    /// A range and an alias: equal is in sync; different needs a person.
+    fn validate(
+        &mut self,
+        host: &mut impl Host,
+        node: &Node,
+        ranges: &[IpNet],
+        alias: &[IpNet],
+    ) -> Result<(), SyncError> {
+        let name = node.name.as_str();
+        self.settle(host, name, ranges)?;
+        if ranges != alias {
+            host.emit_node_warning(
+                name,
+                REASON_MISMATCH,
+                &format!(
+                    "node {} has pod ranges {} but its cloud alias is {}: not changing either",
+                    quote(name),
+                    join(ranges),
+                    join(alias)
+                ),
+            );
+            return Ok(());
+        }
+        if self.nodes.get(name).is_some_and(|s| s.network_pending) {
+            return self.mark_network_available(host, name);
+        }
+        Ok(())
+    }
+
+    fn mark_network_available(&mut self, host: &mut impl Host, name: &str) -> Result<(), SyncError> {
+        let result = host.update_node_network_unavailable(name, false);
+        self.set_state(name, |s| s.network_pending = result.is_err());
+        result.map_err(SyncError::Host)
+    }
+
+    /// Fails with `invalid-mode` (and a warning event) unless the mode is `needed`.
+    fn require_mode(
+        &self,
+        host: &mut impl Host,
+        node: &Node,
+        needed: SyncMode,
+        action: &str,
+    ) -> Result<(), SyncError> {
+        if self.mode == needed {
+            return Ok(());
+        }
+        let message = format!(
+            "node {}: cannot {action} in {} mode (that is done in {} mode)",
+            quote(&node.name),
+            mode_name(self.mode),
+            mode_name(needed),
+        );
+        host.emit_node_warning(&node.name, REASON_INVALID_MODE, &message);
+        Err(SyncError::InvalidMode(message))
+    }
+
+    /// An alias made of node-sized ranges in the cluster CIDRs, free or held by this node.
+    fn is_unfinished_allocation(&self, name: &str, alias: &[IpNet]) -> bool {
+        alias.iter().all(|&range| {
+            let Some(set) = self.set_for(range) else { return false };
+            if range.prefix_len() != set.node_mask_size() || !set.contains(range) {
+                return false;
+            }
+            match self.holders.get(&range) {
+                Some(holder) => holder == name,
+                None => !set.is_occupied(range).unwrap_or(true),
+            }
+        })
+    }
+
+    /// One range from every set, all or nothing.
+    fn allocate_all(&mut self, name: &str) -> Result<Vec<IpNet>, SyncError> {
+        let mut ranges = Vec::with_capacity(self.sets.len());
+        for i in 0..self.sets.len() {
+            match self.sets[i].allocate_next() {
+                Ok(range) => ranges.push(range),
+                Err(e) => {
+                    for &range in &ranges {
+                        if let Some(set) = self.sets.iter_mut().find(|s| same_family(s.cluster(), range)) {
+                            let _ = set.release(range);
+                        }
+                    }
+                    return Err(SyncError::Exhausted(format!("node {}: {e}", quote(name))));
+                }
+            }
+        }
+        Ok(ranges)
+    }
+
+    /// Occupies `range` for `name`. A range another node holds is refused.
+    fn occupy_for(&mut self, name: &str, range: IpNet) -> Result<(), SyncError> {
+        if let Some(holder) = self.holders.get(&range) {
+            if holder == name {
+                return Ok(());
+            }
+            return Err(SyncError::InvalidCidr(format!(
+                "node {}: range {range} is already held by node {}",
+                quote(name),
+                quote(holder)
+            )));
+        }
+        let Some(set) = self.sets.iter_mut().find(|s| same_family(s.cluster(), range)) else {
+            return Err(SyncError::InvalidCidr(format!(
+                "node {}: range {range} has no cluster cidr of its ip family",
+                quote(name)
+            )));
+        };
+        set.occupy(range).map_err(|e| cidr_error(name, e))?;
+        self.hold(name, &[range]);
+        Ok(())
+    }
+
+    /// At start: occupy a node's range or alias, logging (not failing) what cannot be used.
+    fn occupy_at_start(&mut self, host: &mut impl Host, name: &str, what: &str, text: &str) {
+        let result = parse_cidr(text)
+            .map_err(|why| SyncError::InvalidCidr(format!("node {}: {what} {}: {why}", quote(name), quote(text))))
+            .and_then(|range| self.occupy_for(name, range));
+        if let Err(e) = result {
+            host.log(
+                Level::Warn,
+                "skipping a range at start",
+                &[("node", &quote(name)), ("error", &e.to_string())],
+            );
+        }
+    }
+
+    /// Makes `ranges` exactly what `name` holds: occupies them and releases anything else
+    /// held for it (a pending allocation the node or the cloud did not end up with).
+    fn settle(&mut self, host: &mut impl Host, name: &str, ranges: &[IpNet]) -> Result<(), SyncError> {
+        for &range in ranges {
+            self.occupy_for(name, range)?;
+        }
+        for range in self.held(name).to_vec() {
+            if !ranges.contains(&range) {
+                self.release_for(host, name, range);
+            }
+        }
+        Ok(())
+    }
+
+    /// Records `ranges` as held by `name` (the allocator already has them).
+    fn hold(&mut self, name: &str, ranges: &[IpNet]) {
+        for &range in ranges {
+            self.holders.insert(range, name.to_string());
+        }
+        self.set_state(name, |state| {
+            state.held.extend_from_slice(ranges);
+            state.held.dedup();
+        });
+    }
+
+    /// Releases `range` unless another node holds it.
+    fn release_for(&mut self, host: &mut impl Host, name: &str, range: IpNet) {
+        match self.holders.get(&range) {
+            Some(holder) if holder != name => {
+                host.log(
+                    Level::Warn,
+                    "not releasing a range another node holds",
+                    &[("node", &quote(name)), ("range", &range.to_string()), ("holder", &quote(holder))],
+                );
+                return;
+            }
+            _ => {}
+        }
+        self.holders.remove(&range);
+        if let Some(state) = self.nodes.get_mut(name) {
+            state.held.retain(|r| *r != range);
+        }
+        if let Some(set) = self.sets.iter_mut().find(|s| same_family(s.cluster(), range)) {
+            if let Err(e) = set.release(range) {
+                host.log(
+                    Level::Warn,
+                    "not releasing a range outside the cluster cidrs",
+                    &[("node", &quote(name)), ("error", &e.to_string())],
+                );
+            }
+        }
+    }
+
+    /// Releases everything held for `name` and drops it from the schedule.
+    fn forget(&mut self, host: &mut impl Host, name: &str) {
+        for range in self.held(name).to_vec() {
+            self.release_for(host, name, range);
+        }
+        if let Some(state) = self.nodes.remove(name) {
+            self.queue.remove(&(state.due_ms, name.to_string()));
+        }
+    }
+
+    fn reschedule(&mut self, name: &str, now_ms: u64, ok: bool) {
+        let Some(state) = self.nodes.get_mut(name) else { return };
+        state.failures = if ok { 0 } else { state.failures.saturating_add(1) };
+        let due = now_ms.saturating_add(self.backoff.delay_ms(state.failures));
+        self.schedule_at(name, due);
+    }
+
+    fn schedule_at(&mut self, name: &str, due_ms: u64) {
+        let Some(state) = self.nodes.get_mut(name) else { return };
+        let old = core::mem::replace(&mut state.due_ms, due_ms);
+        self.queue.remove(&(old, name.to_string()));
+        self.queue.insert((due_ms, name.to_string()));
+    }
+
+    /// Changes a known node's state (every caller runs after the node became known).
+    fn set_state(&mut self, name: &str, change: impl FnOnce(&mut NodeState)) {
+        if let Some(state) = self.nodes.get_mut(name) {
+            change(state);
+        }
+    }
+
+    /// Adds a node the controller does not know yet.
+    fn know(&mut self, name: &str) {
+        if !self.nodes.contains_key(name) {
+            self.nodes.insert(name.to_string(), NodeState::default());
+        }
+    }
+
+    fn set_for(&self, range: IpNet) -> Option<&CidrSet> {
+        self.sets.iter().find(|s| same_family(s.cluster(), range))
+    }
+
+    /// Parses a node's range list: at most one range per cluster CIDR, each of a family the
+    /// config has; returned in config order.
+    fn parse_ranges(&self, name: &str, what: &str, texts: &[String]) -> Result<Vec<IpNet>, SyncError> {
+        if texts.len() > self.sets.len() {
+            return Err(SyncError::InvalidCidr(format!(
+                "node {}: {} {what}s given but only {} cluster cidr{} configured",
+                quote(name),
+                texts.len(),
+                self.sets.len(),
+                if self.sets.len() == 1 { " is" } else { "s are" }
+            )));
+        }
+        let mut ranges = Vec::with_capacity(texts.len());
+        for text in texts {
+            let range = parse_cidr(text).map_err(|why| {
+                SyncError::InvalidCidr(format!("node {}: {what} {}: {why}", quote(name), quote(text)))
+            })?;
+            if self.set_for(range).is_none() {
+                return Err(SyncError::InvalidCidr(format!(
+                    "node {}: {what} {range} has no cluster cidr of its ip family",
+                    quote(name)
+                )));
+            }
+            if ranges.iter().any(|r: &IpNet| same_family(*r, range)) {
+                return Err(SyncError::InvalidCidr(format!(
+                    "node {}: {what}s {} have two ranges of one ip family",
+                    quote(name),
+                    texts.iter().map(|t| quote(t)).collect::<Vec<_>>().join(",")
+                )));
+            }
+            ranges.push(range);
+        }
+        ranges.sort_by_key(|r| self.sets.iter().position(|s| same_family(s.cluster(), *r)));
+        Ok(ranges)
+    }
+}
+
+/// Builds one allocator per cluster CIDR: one, or two of different families.
+fn cidr_sets(config: &Config) -> Result<Vec<CidrSet>, SyncError> {
+    let count = config.cluster_cidrs.len();
+    if count == 0 || count > 2 {
+        return Err(SyncError::InvalidConfig(format!(
+            "{count} cluster cidrs given: need one, or two of different ip families"
+        )));
+    }
+    let mut sets: Vec<CidrSet> = Vec::with_capacity(count);
+    for cluster in &config.cluster_cidrs {
+        let cidr = parse_cidr(&cluster.cidr).map_err(|why| {
+            SyncError::InvalidConfig(format!("cluster cidr {}: {why}", quote(&cluster.cidr)))
+        })?;
+        if let Some(other) = sets.iter().find(|s| same_family(s.cluster(), cidr)) {
+            return Err(SyncError::InvalidConfig(format!(
+                "cluster cidrs {} and {cidr} are of one ip family: dual-stack needs one of each",
+                other.cluster()
+            )));
+        }
+        let set = CidrSet::new(cidr, cluster.node_mask_size)
+            .map_err(|e| SyncError::InvalidConfig(e.to_string()))?;
+        sets.push(set);
+    }
+    Ok(sets)
+}
+
+/// Parses a range; host bits are cleared, as Kubernetes' `net.ParseCIDR` does.
+pub fn parse_cidr(text: &str) -> Result<IpNet, ParseError> {
+    if text.is_empty() {
+        return Err(ParseError::Empty);
+    }
+    text.parse::<IpNet>().map(|n| n.trunc()).map_err(|_| ParseError::Malformed)
+}
+
+/// Why a range did not parse.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ParseError {
+    /// The empty string.
+    Empty,
+    /// Not `address/prefix`.
+    Malformed,
+}
+
+impl fmt::Display for ParseError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Self::Empty => "empty, expected address/prefix",
+            Self::Malformed => "not a cidr (expected address/prefix, e.g. 10.0.0.0/24)",
+        })
+    }
+}
+
+fn cidr_error(name: &str, e: CidrSetError) -> SyncError {
+    let message = format!("node {}: {e}", quote(name));
+    match e {
+        CidrSetError::OutOfRange { .. } => SyncError::OutOfRange(message),
+        CidrSetError::Exhausted { .. } => SyncError::Exhausted(message),
+        CidrSetError::WrongFamily { .. } | CidrSetError::InvalidMask { .. } => {
+            SyncError::InvalidCidr(message)
+        }
+    }
+}
+
+fn same_family(a: IpNet, b: IpNet) -> bool {
+    matches!((a, b), (IpNet::V4(_), IpNet::V4(_)) | (IpNet::V6(_), IpNet::V6(_)))
+}
+
+fn to_strings(ranges: &[IpNet]) -> Vec<String> {
+    ranges.iter().map(ToString::to_string).collect()
+}
+
+fn join(ranges: &[IpNet]) -> String {
+    to_strings(ranges).join(",")
+}
+
+fn mode_name(mode: SyncMode) -> &'static str {
+    match mode {
+        SyncMode::SyncFromCloud => "sync-from-cloud",
+        SyncMode::SyncFromCluster => "sync-from-cluster",
+    }
+}
+
+/// A value for a message, quoted, cut to a readable length.
+fn quote(value: &str) -> String {
+    if value.len() <= MAX_QUOTED {
+        return format!("{value:?}");
+    }
+    let mut end = MAX_QUOTED;
+    while !value.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{:?}... ({} bytes)", &value[..end], value.len())
+}
+
+#[cfg(test)]
+mod tests;

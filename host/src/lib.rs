@@ -1,0 +1,3 @@
+//! The wasmtime host for the nodeipam component (in progress).
+
+pub mod backend;
