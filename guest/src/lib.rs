@@ -12,8 +12,12 @@ pub mod sync;
 pub mod types;
 pub mod workload;
 
-#[cfg(target_arch = "wasm32")]
+#[cfg(all(target_arch = "wasm32", not(feature = "bench")))]
 mod component;
+#[cfg(all(target_arch = "wasm32", feature = "bench"))]
+mod bench_component;
+#[cfg(target_arch = "wasm32")]
+mod wasm_runtime;
 
 pub use host::{CloudAlias, Events, Host, KubeApi};
 pub use sync::Controller;

@@ -522,14 +522,14 @@ impl Controller {
         if let Some(state) = self.nodes.get_mut(name) {
             state.held.retain(|r| *r != range);
         }
-        if let Some(set) = self.sets.iter_mut().find(|s| same_family(s.cluster(), range)) {
-            if let Err(e) = set.release(range) {
-                host.log(
-                    Level::Warn,
-                    "not releasing a range outside the cluster cidrs",
-                    &[("node", &quote(name)), ("error", &e.to_string())],
-                );
-            }
+        if let Some(set) = self.sets.iter_mut().find(|s| same_family(s.cluster(), range))
+            && let Err(e) = set.release(range)
+        {
+            host.log(
+                Level::Warn,
+                "not releasing a range outside the cluster cidrs",
+                &[("node", &quote(name)), ("error", &e.to_string())],
+            );
         }
     }
 

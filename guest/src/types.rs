@@ -124,11 +124,13 @@ pub struct Stats {
     pub nodes: u32,
     /// One entry per cluster CIDR, in config order.
     pub sets: Vec<Usage>,
-    /// Ranges handed out by allocation.
+    /// Node ranges marked used, by allocation or by occupying an existing range (Kubernetes'
+    /// `cidrset_cidrs_allocations_total`).
     pub allocations: u64,
     /// Ranges released.
     pub releases: u64,
-    /// Candidates examined by all allocations.
+    /// Occupied candidates skipped by all allocations (the sum of Kubernetes'
+    /// `cidrset_allocation_tries_per_request`).
     pub allocation_tries: u64,
 }
 

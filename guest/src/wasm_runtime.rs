@@ -1,0 +1,41 @@
+//! What `no_std` on wasm32 needs: an allocator, a panic handler that traps, the canonical
+//! ABI's `cabi_realloc`, and `memcpy`/`memcmp` from the target's bundled libc.
+
+use alloc::alloc::{Layout, alloc, realloc};
+
+#[global_allocator]
+static ALLOCATOR: dlmalloc::GlobalDlmalloc = dlmalloc::GlobalDlmalloc;
+
+#[panic_handler]
+fn panic(_: &core::panic::PanicInfo<'_>) -> ! {
+    core::arch::wasm32::unreachable()
+}
+
+#[link(name = "c")]
+unsafe extern "C" {}
+
+/// The canonical ABI's allocation hook: the host calls it to pass lists and strings in.
+#[unsafe(no_mangle)]
+unsafe extern "C" fn cabi_realloc(
+    old_ptr: *mut u8,
+    old_len: usize,
+    align: usize,
+    new_len: usize,
+) -> *mut u8 {
+    if new_len == 0 {
+        return align as *mut u8;
+    }
+    // SAFETY: the canonical ABI passes a valid power-of-two `align`, and `old_ptr` /
+    // `old_len` describe an allocation this function made.
+    let ptr = unsafe {
+        if old_len == 0 {
+            alloc(Layout::from_size_align_unchecked(new_len, align))
+        } else {
+            realloc(old_ptr, Layout::from_size_align_unchecked(old_len, align), new_len)
+        }
+    };
+    if ptr.is_null() {
+        core::arch::wasm32::unreachable();
+    }
+    ptr
+}
