@@ -6,7 +6,7 @@ JOBS       ?= 2
 WASM_TARGET = wasm32-wasip2
 COMPONENT   = target/nodeipam.wasm
 
-.PHONY: all build component target run test test-guest test-host lint bench clean-cache
+.PHONY: all build component bench-component target run test test-guest test-host lint bench clean-cache
 
 all: build
 
@@ -25,6 +25,12 @@ component: target
 build: component
 	$(CARGO) build -j$(JOBS) --release -p nodeipam-host
 
+## The main job: reconcile the sample cluster (examples/) in the embedded store, once.
+## A second `make run` finds everything in sync and says so.
+run: build
+	target/release/nodeipam --config examples/sync-from-cluster.toml import --if-empty examples/cluster.yaml
+	target/release/nodeipam --config examples/sync-from-cluster.toml run --once
+
 ## Every test: the core natively, then the host and the component tests on the real .wasm.
 test: component test-guest test-host
 
@@ -39,9 +45,14 @@ lint: target
 	$(CARGO) clippy -j$(JOBS) -p nodeipam-guest --target $(WASM_TARGET) --profile guest
 	$(CARGO) clippy -j$(JOBS) --release -p nodeipam-host -p nodeipam-tests --all-targets
 
+## The benchmark component (allocator workloads), at target/nodeipam-bench.wasm.
+bench-component: target
+	$(CARGO) build -j$(JOBS) -p nodeipam-guest --target $(WASM_TARGET) --profile guest --features bench
+	@cp target/$(WASM_TARGET)/guest/nodeipam_guest.wasm target/nodeipam-bench.wasm
+
 ## Benchmarks: the allocator natively, then through the component.
-bench: component
+bench: bench-component component
 	$(CARGO) bench -j$(JOBS) -p nodeipam-guest --bench alloc
 
 clean-cache:
-	rm -rf target/nodeipam-cache
+	rm -rf "$${XDG_CACHE_HOME:-$$HOME/.cache}/nodeipam"

@@ -1,0 +1,430 @@
+//! The one place that binds the generated import traits to the native backends, and that
+//! converts between generated and host-native types.
+//!
+//! Error-versus-trap is decided here: [`BackendError::NotFound`], `Conflict`, `Unavailable`
+//! and `Other` become a WIT `host-error` value that the component handles;
+//! [`BackendError::Fatal`] becomes a trap (`Err(wasmtime::Error)`) carrying a [`FatalCall`],
+//! which the plugin recognises and reports as [`Error::Fatal`](crate::Error::Fatal).
+
+use std::fmt;
+
+use wasmtime::component::HasData;
+use wasmtime::{ResourceLimiter, StoreLimits, StoreLimitsBuilder};
+
+use crate::backend::{BackendError, Backends, Node};
+use crate::bindings::nodeipam::sync::{cloud_alias, events, kube_api, log, types as wit};
+use crate::error::SyncError;
+use crate::types::{ClusterCidr, Config, Stats, SyncMode, TickReport, Usage};
+
+/// The data of every store: the backends the imports call, and the memory limiter.
+pub(crate) struct HostState<B> {
+    /// The cluster, cloud and event sink.
+    pub(crate) backends: B,
+    /// Enforces [`Limits::max_memory_bytes`](crate::plugin::Limits::max_memory_bytes).
+    pub(crate) limiter: MemoryLimiter,
+}
+
+impl<B: Backends> HostState<B> {
+    /// Store data for these backends, with a memory limit per linear memory.
+    pub(crate) fn new(backends: B, max_memory_bytes: usize) -> Self {
+        Self {
+            backends,
+            limiter: MemoryLimiter::new(max_memory_bytes),
+        }
+    }
+}
+
+/// [`HasData`] marker: the imports are implemented on the store data itself.
+pub(crate) struct Imports<B>(std::marker::PhantomData<B>);
+
+impl<B: Backends> HasData for Imports<B> {
+    type Data<'a> = &'a mut HostState<B>;
+}
+
+/// A backend call failed with [`BackendError::Fatal`]: the payload of the trap it causes.
+#[derive(Debug, thiserror::Error)]
+#[error("backend call {call} failed: {source}")]
+pub(crate) struct FatalCall {
+    /// The WIT import, e.g. `add-alias`.
+    pub(crate) call: &'static str,
+    /// The backend's error.
+    pub(crate) source: BackendError,
+}
+
+/// The component asked for more memory than allowed: the payload of the trap it causes.
+#[derive(Debug, thiserror::Error)]
+#[error("memory limit of {limit} bytes exceeded: asked for {requested}")]
+pub(crate) struct MemoryLimitExceeded {
+    /// The limit, in bytes.
+    pub(crate) limit: usize,
+    /// The size asked for, in bytes.
+    pub(crate) requested: usize,
+}
+
+/// Caps each linear memory at `max_memory_bytes`, and traps (rather than letting
+/// `memory.grow` return -1, which the guest's allocator would turn into an anonymous abort)
+/// with a [`MemoryLimitExceeded`] that names the limit. Tables and instance counts use
+/// wasmtime's [`StoreLimits`] defaults.
+pub(crate) struct MemoryLimiter {
+    max_memory_bytes: usize,
+    limits: StoreLimits,
+}
+
+impl MemoryLimiter {
+    fn new(max_memory_bytes: usize) -> Self {
+        let limits = StoreLimitsBuilder::new()
+            .memory_size(max_memory_bytes)
+            .build();
+        Self {
+            max_memory_bytes,
+            limits,
+        }
+    }
+}
+
+impl ResourceLimiter for MemoryLimiter {
+    fn memory_growing(
+        &mut self,
+        current: usize,
+        desired: usize,
+        maximum: Option<usize>,
+    ) -> wasmtime::Result<bool> {
+        if desired > self.max_memory_bytes {
+            return Err(wasmtime::Error::new(MemoryLimitExceeded {
+                limit: self.max_memory_bytes,
+                requested: desired,
+            }));
+        }
+        self.limits.memory_growing(current, desired, maximum)
+    }
+
+    fn table_growing(
+        &mut self,
+        current: usize,
+        desired: usize,
+        maximum: Option<usize>,
+    ) -> wasmtime::Result<bool> {
+        self.limits.table_growing(current, desired, maximum)
+    }
+
+    fn instances(&self) -> usize {
+        self.limits.instances()
+    }
+
+    fn tables(&self) -> usize {
+        self.limits.tables()
+    }
+
+    fn memories(&self) -> usize {
+        self.limits.memories()
+    }
+}
+
+/// A backend result as the component sees it: an expected failure is a value, `Fatal` traps.
+fn to_wit<T>(
+    call: &'static str,
+    result: Result<T, BackendError>,
+) -> wasmtime::Result<Result<T, wit::HostError>> {
+    match result {
+        Ok(value) => Ok(Ok(value)),
+        Err(BackendError::NotFound(m)) => Ok(Err(wit::HostError::NotFound(m))),
+        Err(BackendError::Conflict(m)) => Ok(Err(wit::HostError::Conflict(m))),
+        Err(BackendError::Unavailable(m)) => Ok(Err(wit::HostError::Unavailable(m))),
+        Err(BackendError::Other(m)) => Ok(Err(wit::HostError::Other(m))),
+        Err(source @ BackendError::Fatal(_)) => {
+            tracing::error!(call, error = %source, "backend call failed fatally: aborting the export call");
+            Err(wasmtime::Error::new(FatalCall { call, source }))
+        }
+    }
+}
+
+impl<B: Backends> wit::Host for HostState<B> {}
+
+impl<B: Backends> kube_api::Host for HostState<B> {
+    fn get_node(&mut self, name: String) -> wasmtime::Result<Result<wit::Node, wit::HostError>> {
+        to_wit(
+            "get-node",
+            self.backends.get_node(&name).map(wit::Node::from),
+        )
+    }
+
+    fn update_node_pod_cidrs(
+        &mut self,
+        node: wit::Node,
+        cidrs: Vec<String>,
+    ) -> wasmtime::Result<Result<(), wit::HostError>> {
+        let node = Node::from(node);
+        to_wit(
+            "update-node-pod-cidrs",
+            self.backends.update_node_pod_cidrs(&node, &cidrs),
+        )
+    }
+
+    fn update_node_network_unavailable(
+        &mut self,
+        name: String,
+        unavailable: bool,
+    ) -> wasmtime::Result<Result<(), wit::HostError>> {
+        to_wit(
+            "update-node-network-unavailable",
+            self.backends
+                .update_node_network_unavailable(&name, unavailable),
+        )
+    }
+}
+
+impl<B: Backends> cloud_alias::Host for HostState<B> {
+    fn alias(&mut self, node: wit::Node) -> wasmtime::Result<Result<Vec<String>, wit::HostError>> {
+        to_wit("alias", self.backends.alias(&Node::from(node)))
+    }
+
+    fn add_alias(
+        &mut self,
+        node: wit::Node,
+        cidrs: Vec<String>,
+    ) -> wasmtime::Result<Result<(), wit::HostError>> {
+        to_wit(
+            "add-alias",
+            self.backends.add_alias(&Node::from(node), &cidrs),
+        )
+    }
+}
+
+impl<B: Backends> events::Host for HostState<B> {
+    fn emit_node_warning(
+        &mut self,
+        name: String,
+        reason: String,
+        message: String,
+    ) -> wasmtime::Result<()> {
+        self.backends.emit_node_warning(&name, &reason, &message);
+        Ok(())
+    }
+}
+
+impl<B: Backends> log::Host for HostState<B> {
+    fn log(
+        &mut self,
+        level: wit::Level,
+        message: String,
+        fields: Vec<(String, String)>,
+    ) -> wasmtime::Result<()> {
+        let fields = Fields(&fields);
+        match level {
+            wit::Level::Debug => tracing::debug!(target: "nodeipam::guest", %fields, "{message}"),
+            wit::Level::Info => tracing::info!(target: "nodeipam::guest", %fields, "{message}"),
+            wit::Level::Warn => tracing::warn!(target: "nodeipam::guest", %fields, "{message}"),
+            wit::Level::Error => tracing::error!(target: "nodeipam::guest", %fields, "{message}"),
+        }
+        Ok(())
+    }
+}
+
+/// A guest log's key/value fields, displayed as `key=value key=value`.
+struct Fields<'a>(&'a [(String, String)]);
+
+impl fmt::Display for Fields<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (i, (key, value)) in self.0.iter().enumerate() {
+            if i > 0 {
+                f.write_str(" ")?;
+            }
+            write!(f, "{key}={value}")?;
+        }
+        Ok(())
+    }
+}
+
+impl From<wit::Node> for Node {
+    fn from(node: wit::Node) -> Self {
+        Self {
+            name: node.name,
+            provider_id: node.provider_id,
+            pod_cidrs: node.pod_cidrs,
+        }
+    }
+}
+
+impl From<Node> for wit::Node {
+    fn from(node: Node) -> Self {
+        Self {
+            name: node.name,
+            provider_id: node.provider_id,
+            pod_cidrs: node.pod_cidrs,
+        }
+    }
+}
+
+impl From<&Node> for wit::Node {
+    fn from(node: &Node) -> Self {
+        node.clone().into()
+    }
+}
+
+impl From<wit::HostError> for BackendError {
+    fn from(error: wit::HostError) -> Self {
+        match error {
+            wit::HostError::NotFound(m) => Self::NotFound(m),
+            wit::HostError::Conflict(m) => Self::Conflict(m),
+            wit::HostError::Unavailable(m) => Self::Unavailable(m),
+            wit::HostError::Other(m) => Self::Other(m),
+        }
+    }
+}
+
+impl From<wit::SyncError> for SyncError {
+    fn from(error: wit::SyncError) -> Self {
+        match error {
+            wit::SyncError::InvalidConfig(m) => Self::InvalidConfig(m),
+            wit::SyncError::InvalidCidr(m) => Self::InvalidCidr(m),
+            wit::SyncError::OutOfRange(m) => Self::OutOfRange(m),
+            wit::SyncError::Exhausted(m) => Self::Exhausted(m),
+            wit::SyncError::InvalidMode(m) => Self::InvalidMode(m),
+            wit::SyncError::Host(e) => Self::Host(e.into()),
+            wit::SyncError::NotInitialized => Self::NotInitialized,
+        }
+    }
+}
+
+impl From<&Config> for wit::Config {
+    fn from(config: &Config) -> Self {
+        Self {
+            mode: match config.mode {
+                SyncMode::SyncFromCloud => wit::SyncMode::SyncFromCloud,
+                SyncMode::SyncFromCluster => wit::SyncMode::SyncFromCluster,
+            },
+            cluster_cidrs: config
+                .cluster_cidrs
+                .iter()
+                .map(wit::ClusterCidr::from)
+                .collect(),
+            resync_ms: config.resync_ms,
+            initial_retry_ms: config.initial_retry_ms,
+            max_backoff_ms: config.max_backoff_ms,
+        }
+    }
+}
+
+impl From<&ClusterCidr> for wit::ClusterCidr {
+    fn from(cidr: &ClusterCidr) -> Self {
+        Self {
+            cidr: cidr.cidr.clone(),
+            node_mask_size: cidr.node_mask_size,
+        }
+    }
+}
+
+impl From<wit::Stats> for Stats {
+    fn from(stats: wit::Stats) -> Self {
+        Self {
+            nodes: stats.nodes,
+            sets: stats.sets.into_iter().map(Usage::from).collect(),
+            allocations: stats.allocations,
+            releases: stats.releases,
+            allocation_tries: stats.allocation_tries,
+        }
+    }
+}
+
+impl From<wit::Usage> for Usage {
+    fn from(usage: wit::Usage) -> Self {
+        Self {
+            cidr: usage.cidr,
+            node_mask_size: usage.node_mask_size,
+            max: usage.max,
+            used: usage.used,
+        }
+    }
+}
+
+impl From<wit::TickReport> for TickReport {
+    fn from(report: wit::TickReport) -> Self {
+        Self {
+            resynced: report.resynced,
+            failed: report.failed,
+            next_due_ms: report.next_due_ms,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::mock::MockCluster;
+    use kube_api::Host as _;
+
+    #[test]
+    fn expected_backend_errors_become_host_error_values() {
+        let cases = [
+            (
+                BackendError::NotFound("node a".into()),
+                wit::HostError::NotFound("node a".into()),
+            ),
+            (
+                BackendError::Conflict("node a".into()),
+                wit::HostError::Conflict("node a".into()),
+            ),
+            (
+                BackendError::Unavailable("x".into()),
+                wit::HostError::Unavailable("x".into()),
+            ),
+            (
+                BackendError::Other("x".into()),
+                wit::HostError::Other("x".into()),
+            ),
+        ];
+        for (error, expected) in cases {
+            let result = to_wit::<()>("get-node", Err(error.clone())).expect("not a trap");
+            assert_eq!(
+                format!("{:?}", result),
+                format!("{:?}", Err::<(), _>(expected)),
+                "{error}"
+            );
+            assert_eq!(BackendError::from(result.unwrap_err()), error);
+        }
+    }
+
+    #[test]
+    fn fatal_backend_error_becomes_a_trap_naming_the_call() {
+        let trap = to_wit::<()>("add-alias", Err(BackendError::Fatal("boom".into()))).unwrap_err();
+        let fatal = trap.downcast_ref::<FatalCall>().expect("a FatalCall");
+        assert_eq!(fatal.call, "add-alias");
+        assert_eq!(fatal.source, BackendError::Fatal("boom".into()));
+    }
+
+    #[test]
+    fn imports_reach_the_backends() {
+        let mut state = HostState::new(
+            MockCluster::new().with_node(Node::new("a", &["10.0.0.0/24"])),
+            1 << 20,
+        );
+        let node = state.get_node("a".into()).unwrap().unwrap();
+        assert_eq!(node.pod_cidrs, vec!["10.0.0.0/24".to_owned()]);
+        let missing = state.get_node("b".into()).unwrap();
+        assert!(
+            matches!(missing, Err(wit::HostError::NotFound(_))),
+            "{missing:?}"
+        );
+    }
+
+    #[test]
+    fn memory_limiter_traps_past_the_limit_with_the_numbers() {
+        let mut limiter = MemoryLimiter::new(1 << 20);
+        assert!(limiter.memory_growing(0, 1 << 20, None).unwrap());
+        let error = limiter.memory_growing(1 << 20, 2 << 20, None).unwrap_err();
+        let exceeded = error
+            .downcast_ref::<MemoryLimitExceeded>()
+            .expect("MemoryLimitExceeded");
+        assert_eq!((exceeded.limit, exceeded.requested), (1 << 20, 2 << 20));
+    }
+
+    #[test]
+    fn log_fields_display_as_key_value_pairs() {
+        let fields = vec![
+            ("node".to_owned(), "a".to_owned()),
+            ("cidr".to_owned(), "10.0.0.0/24".to_owned()),
+        ];
+        assert_eq!(Fields(&fields).to_string(), "node=a cidr=10.0.0.0/24");
+        assert_eq!(Fields(&[]).to_string(), "");
+    }
+}
