@@ -45,10 +45,12 @@ lint: target
 	$(CARGO) clippy -j$(JOBS) -p nodeipam-guest --target $(WASM_TARGET) --profile guest
 	$(CARGO) clippy -j$(JOBS) --release -p nodeipam-host -p nodeipam-tests --all-targets
 
-## The benchmark component (allocator workloads), at target/nodeipam-bench.wasm.
+## The benchmark component (allocator workloads), at target/nodeipam-bench.wasm. Its own
+## target dir: the plugin and the bench component are one crate with different features.
 bench-component: target
-	$(CARGO) build -j$(JOBS) -p nodeipam-guest --target $(WASM_TARGET) --profile guest --features bench
-	@cp target/$(WASM_TARGET)/guest/nodeipam_guest.wasm target/nodeipam-bench.wasm
+	$(CARGO) build -j$(JOBS) -p nodeipam-guest --target $(WASM_TARGET) --profile guest --features bench \
+		--target-dir target/bench-guest
+	@cp target/bench-guest/$(WASM_TARGET)/guest/nodeipam_guest.wasm target/nodeipam-bench.wasm
 
 ## Benchmarks: the allocator natively, then through the component.
 bench: bench-component component

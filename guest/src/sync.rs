@@ -32,6 +32,8 @@ pub const DEFAULT_MAX_BACKOFF_MS: u64 = 10_000;
 
 /// Longest value quoted in a message; longer ones are cut (a megabyte name stays a line).
 const MAX_QUOTED: usize = 64;
+/// Longest host error message passed on.
+const MAX_MESSAGE: usize = 256;
 
 /// When a node is next re-checked: `resync_ms` after a success; after consecutive failures
 /// `initial_retry_ms`, doubling up to `max_backoff_ms`.
@@ -128,7 +130,7 @@ impl Controller {
                 let alias = match host.alias(node) {
                     Ok(alias) => alias,
                     Err(HostError::NotFound(_)) => continue,
-                    Err(e) => return Err(SyncError::Host(e)),
+                    Err(e) => return Err(host_error(e)),
                 };
                 for text in &alias {
                     controller.occupy_at_start(host, &node.name, "cloud alias", text);
@@ -269,7 +271,7 @@ impl Controller {
                 self.forget(host, name);
                 return Ok(());
             }
-            Err(e) => Err(SyncError::Host(e)),
+            Err(e) => Err(host_error(e)),
         };
         self.reschedule(name, now_ms, result.is_ok());
         result
@@ -281,7 +283,7 @@ impl Controller {
         let alias = match host.alias(node) {
             Ok(alias) => self.parse_ranges(&node.name, "cloud alias", &alias)?,
             Err(HostError::NotFound(_)) => Vec::new(),
-            Err(e) => return Err(SyncError::Host(e)),
+            Err(e) => return Err(host_error(e)),
         };
         match (ranges.is_empty(), alias.is_empty()) {
             (true, true) => self.allocate(host, node),
@@ -307,16 +309,16 @@ impl Controller {
             Err(e @ HostError::Unavailable(_)) => {
                 // The cloud may have applied it: the range stays held for this node (pending),
                 // and the next resync pushes it again or adopts the alias.
-                return Err(SyncError::Host(e));
+                return Err(host_error(e));
             }
             Err(e) => {
                 for range in self.held(name).to_vec() {
                     self.release_for(host, name, range);
                 }
-                return Err(SyncError::Host(e));
+                return Err(host_error(e));
             }
         }
-        host.update_node_pod_cidrs(node, &cidrs).map_err(SyncError::Host)?;
+        host.update_node_pod_cidrs(node, &cidrs).map_err(host_error)?;
         self.mark_network_available(host, name)
     }
 
@@ -335,7 +337,7 @@ impl Controller {
         }
         self.set_state(name, |s| s.network_pending = true);
         self.settle(host, name, alias)?;
-        host.update_node_pod_cidrs(node, &to_strings(alias)).map_err(SyncError::Host)?;
+        host.update_node_pod_cidrs(node, &to_strings(alias)).map_err(host_error)?;
         self.mark_network_available(host, name)
     }
 
@@ -350,7 +352,7 @@ impl Controller {
         let name = node.name.as_str();
         self.set_state(name, |s| s.network_pending = true);
         self.settle(host, name, ranges)?;
-        host.add_alias(node, &to_strings(ranges)).map_err(SyncError::Host)?;
+        host.add_alias(node, &to_strings(ranges)).map_err(host_error)?;
         self.mark_network_available(host, name)
     }
 
@@ -363,7 +365,20 @@ impl Controller {
         alias: &[IpNet],
     ) -> Result<(), SyncError> {
         let name = node.name.as_str();
-        self.settle(host, name, ranges)?;
+        let mut keep = ranges.to_vec();
+        if ranges != alias {
+            // The alias is attached to the node's VM: hold it too (where it is free) so it is
+            // not handed to another node while a person decides.
+            for &range in alias {
+                let usable = self.set_for(range).is_some_and(|set| set.contains(range))
+                    && !keep.iter().any(|k| k.contains(&range) || range.contains(k))
+                    && self.overlapping(range).is_none_or(|(held, holder)| held == range && holder == name);
+                if usable {
+                    keep.push(range);
+                }
+            }
+        }
+        self.settle(host, name, &keep)?;
         if ranges != alias {
             host.emit_node_warning(
                 name,
@@ -386,7 +401,7 @@ impl Controller {
     fn mark_network_available(&mut self, host: &mut impl Host, name: &str) -> Result<(), SyncError> {
         let result = host.update_node_network_unavailable(name, false);
         self.set_state(name, |s| s.network_pending = result.is_err());
-        result.map_err(SyncError::Host)
+        result.map_err(host_error)
     }
 
     /// Fails with `invalid-mode` (and a warning event) unless the mode is `needed`.
@@ -417,8 +432,8 @@ impl Controller {
             if range.prefix_len() != set.node_mask_size() || !set.contains(range) {
                 return false;
             }
-            match self.holders.get(&range) {
-                Some(holder) => holder == name,
+            match self.overlapping(range) {
+                Some((held, holder)) => held == range && holder == name,
                 None => !set.is_occupied(range).unwrap_or(true),
             }
         })
@@ -443,14 +458,20 @@ impl Controller {
         Ok(ranges)
     }
 
-    /// Occupies `range` for `name`. A range another node holds is refused.
+    /// Occupies `range` for `name`. A range overlapping one that is held already (by another
+    /// node, or by this node under another range) is refused: held ranges never overlap.
     fn occupy_for(&mut self, name: &str, range: IpNet) -> Result<(), SyncError> {
-        if let Some(holder) = self.holders.get(&range) {
-            if holder == name {
+        if let Some((held, holder)) = self.overlapping(range) {
+            if held == range && holder == name {
                 return Ok(());
             }
+            let relation = if held == range {
+                String::from("is already held")
+            } else {
+                format!("overlaps range {held} held")
+            };
             return Err(SyncError::InvalidCidr(format!(
-                "node {}: range {range} is already held by node {}",
+                "node {}: range {range} {relation} by node {}",
                 quote(name),
                 quote(holder)
             )));
@@ -466,6 +487,16 @@ impl Controller {
         Ok(())
     }
 
+    /// A held range that overlaps `range`, and its holder. CIDRs overlap only by nesting, and
+    /// held ranges never overlap each other, so two ordered lookups find it: a held range that
+    /// starts inside `range`, or the last one starting before it, if that one contains it.
+    fn overlapping(&self, range: IpNet) -> Option<(IpNet, &str)> {
+        let first = IpNet::new(range.network(), 0).ok()?;
+        let last = IpNet::new(range.broadcast(), range.max_prefix_len()).ok()?;
+        let inside = self.holders.range(first..=last).next();
+        let before = self.holders.range(..first).next_back().filter(|(held, _)| held.contains(&range));
+        inside.or(before).map(|(held, holder)| (*held, holder.as_str()))
+    }
     /// At start: occupy a node's range or alias, logging (not failing) what cannot be used.
     fn occupy_at_start(&mut self, host: &mut impl Host, name: &str, what: &str, text: &str) {
         let result = parse_cidr(text)
@@ -480,16 +511,17 @@ impl Controller {
         }
     }
 
-    /// Makes `ranges` exactly what `name` holds: occupies them and releases anything else
-    /// held for it (a pending allocation the node or the cloud did not end up with).
+    /// Makes `ranges` exactly what `name` holds: releases anything else held for it (a pending
+    /// allocation the node or the cloud did not end up with, a range the node no longer has),
+    /// then occupies them.
     fn settle(&mut self, host: &mut impl Host, name: &str, ranges: &[IpNet]) -> Result<(), SyncError> {
-        for &range in ranges {
-            self.occupy_for(name, range)?;
-        }
         for range in self.held(name).to_vec() {
             if !ranges.contains(&range) {
                 self.release_for(host, name, range);
             }
+        }
+        for &range in ranges {
+            self.occupy_for(name, range)?;
         }
         Ok(())
     }
@@ -505,26 +537,28 @@ impl Controller {
         });
     }
 
-    /// Releases `range` unless another node holds it.
+    /// Releases `range` for `name`: forgets it as held, and frees its node ranges in the
+    /// allocator unless another held range still uses them (a range overlapping another node's
+    /// is left alone; one smaller than a node range frees that node range only when nothing
+    /// else held lies in it).
     fn release_for(&mut self, host: &mut impl Host, name: &str, range: IpNet) {
-        match self.holders.get(&range) {
-            Some(holder) if holder != name => {
-                host.log(
-                    Level::Warn,
-                    "not releasing a range another node holds",
-                    &[("node", &quote(name)), ("range", &range.to_string()), ("holder", &quote(holder))],
-                );
-                return;
+        if self.holders.get(&range).is_some_and(|holder| holder == name) {
+            self.holders.remove(&range);
+            if let Some(state) = self.nodes.get_mut(name) {
+                state.held.retain(|r| *r != range);
             }
-            _ => {}
         }
-        self.holders.remove(&range);
-        if let Some(state) = self.nodes.get_mut(name) {
-            state.held.retain(|r| *r != range);
+        let Some(set) = self.sets.iter().position(|s| same_family(s.cluster(), range)) else { return };
+        let slot = node_range_of(range, self.sets[set].node_mask_size());
+        if let Some((held, holder)) = self.overlapping(slot) {
+            host.log(
+                Level::Info,
+                "not releasing a range that another held range uses",
+                &[("node", &quote(name)), ("range", &range.to_string()), ("held", &held.to_string()), ("holder", &quote(holder))],
+            );
+            return;
         }
-        if let Some(set) = self.sets.iter_mut().find(|s| same_family(s.cluster(), range))
-            && let Err(e) = set.release(range)
-        {
+        if let Err(e) = self.sets[set].release(range) {
             host.log(
                 Level::Warn,
                 "not releasing a range outside the cluster cidrs",
@@ -580,9 +614,10 @@ impl Controller {
     fn parse_ranges(&self, name: &str, what: &str, texts: &[String]) -> Result<Vec<IpNet>, SyncError> {
         if texts.len() > self.sets.len() {
             return Err(SyncError::InvalidCidr(format!(
-                "node {}: {} {what}s given but only {} cluster cidr{} configured",
+                "node {}: {} {what}s given ({}) but only {} cluster cidr{} configured",
                 quote(name),
                 texts.len(),
+                texts.iter().map(|t| quote(t)).collect::<Vec<_>>().join(","),
                 self.sets.len(),
                 if self.sets.len() == 1 { " is" } else { "s are" }
             )));
@@ -675,6 +710,14 @@ fn cidr_error(name: &str, e: CidrSetError) -> SyncError {
     }
 }
 
+/// The node range a range smaller than a node range lies in; a larger range itself.
+fn node_range_of(range: IpNet, node_mask_size: u8) -> IpNet {
+    if range.prefix_len() <= node_mask_size {
+        return range;
+    }
+    IpNet::new(range.addr(), node_mask_size).map_or(range, |n| n.trunc())
+}
+
 fn same_family(a: IpNet, b: IpNet) -> bool {
     matches!((a, b), (IpNet::V4(_), IpNet::V4(_)) | (IpNet::V6(_), IpNet::V6(_)))
 }
@@ -694,16 +737,37 @@ fn mode_name(mode: SyncMode) -> &'static str {
     }
 }
 
+/// A host error as a sync error, its message cut to a readable length.
+fn host_error(e: HostError) -> SyncError {
+    let cut = |m: String| if m.len() <= MAX_MESSAGE { m } else { cut_to(&m, MAX_MESSAGE) };
+    SyncError::Host(match e {
+        HostError::NotFound(m) => HostError::NotFound(cut(m)),
+        HostError::Conflict(m) => HostError::Conflict(cut(m)),
+        HostError::Unavailable(m) => HostError::Unavailable(cut(m)),
+        HostError::Other(m) => HostError::Other(cut(m)),
+    })
+}
+
 /// A value for a message, quoted, cut to a readable length.
 fn quote(value: &str) -> String {
     if value.len() <= MAX_QUOTED {
         return format!("{value:?}");
     }
-    let mut end = MAX_QUOTED;
+    format!("{:?}... ({} bytes)", prefix(value, MAX_QUOTED), value.len())
+}
+
+/// `value` cut to at most `max` bytes, marked as cut.
+fn cut_to(value: &str, max: usize) -> String {
+    format!("{}... ({} bytes)", prefix(value, max), value.len())
+}
+
+/// The longest prefix of `value` of at most `max` bytes that ends on a character boundary.
+fn prefix(value: &str, max: usize) -> &str {
+    let mut end = max.min(value.len());
     while !value.is_char_boundary(end) {
         end -= 1;
     }
-    format!("{:?}... ({} bytes)", &value[..end], value.len())
+    &value[..end]
 }
 
 #[cfg(test)]

@@ -710,3 +710,48 @@ fn failures_back_off_then_success_returns_to_resync_interval() {
     c.tick(&mut world, c.next_due_ms().unwrap(), 0);
     assert_eq!(c.next_due_ms().unwrap() - (now + 10_000), DEFAULT_RESYNC_MS);
 }
+
+
+// --- ranges of other sizes than the node mask ------------------------------------------
+
+#[test]
+fn range_overlapping_another_nodes_larger_range_is_refused() {
+    let mut world = World::with_nodes(&[("big", &["10.0.0.0/23"], &["10.0.0.0/23"])]);
+    let mut c = start(CLUSTER, &mut world);
+    world.add_node("s", &["10.0.1.0/24"], &[]);
+    let err = update(&mut c, &mut world, "s", 1).unwrap_err();
+    assert_eq!(
+        err,
+        SyncError::InvalidCidr("node \"s\": range 10.0.1.0/24 overlaps range 10.0.0.0/23 held by node \"big\"".into())
+    );
+    assert!(!world.aliases.contains_key("s"));
+}
+
+#[test]
+fn releasing_half_a_node_range_keeps_it_while_the_other_half_is_held() {
+    let mut world = World::with_nodes(&[("p", &["10.0.0.0/25"], &[]), ("q", &["10.0.0.128/25"], &[])]);
+    let mut c = start(CLUSTER, &mut world);
+    delete(&mut c, &mut world, "p", 1).unwrap();
+    assert_eq!(c.stats().sets[0].used, 1, "q still uses the /24");
+    world.add_node("n", &[], &[]);
+    update(&mut c, &mut world, "n", 2).unwrap();
+    assert_eq!(world.node("n").pod_cidrs, vec!["10.0.1.0/24"]);
+    delete(&mut c, &mut world, "q", 3).unwrap();
+    assert_eq!(c.stats().sets[0].used, 1, "the /24 is free once both halves are gone");
+}
+
+#[test]
+fn mismatched_alias_is_held_for_its_node_until_resolved() {
+    let mut world = World::with_nodes(&[("a", &["10.0.5.0/24"], &["10.0.0.0/24"])]);
+    let mut c = start(CLUSTER, &mut world);
+    update(&mut c, &mut world, "a", 1).unwrap();
+    assert_eq!(c.held("a"), &[net("10.0.5.0/24"), net("10.0.0.0/24")]);
+    world.add_node("b", &[], &[]);
+    update(&mut c, &mut world, "b", 2).unwrap();
+    assert_eq!(world.node("b").pod_cidrs, vec!["10.0.1.0/24"]);
+    // A person settles it by giving the node its alias: the old range is released.
+    world.nodes.get_mut("a").unwrap().pod_cidrs = vec!["10.0.0.0/24".into()];
+    update(&mut c, &mut world, "a", 3).unwrap();
+    assert_eq!(c.held("a"), &[net("10.0.0.0/24")]);
+    assert_eq!(c.stats().sets[0].used, 2);
+}
