@@ -55,6 +55,7 @@ bench-component: target
 ## Benchmarks: the allocator natively, then through the component.
 bench: bench-component component
 	$(CARGO) bench -j$(JOBS) -p nodeipam-guest --bench alloc
+	$(CARGO) bench -j$(JOBS) -p nodeipam-tests --bench component
 
 clean-cache:
 	rm -rf "$${XDG_CACHE_HOME:-$$HOME/.cache}/nodeipam"

@@ -9,6 +9,7 @@ use crate::host;
 use crate::sync::Controller;
 use crate::types;
 
+#[expect(clippy::too_many_arguments, reason = "generated import shims")]
 mod bindings {
     wit_bindgen::generate!({
         path: "../wit",

@@ -303,6 +303,20 @@ impl<B: Backends> Plugin<B> {
         self.instance.is_some()
     }
 
+    /// Drop the instance and its store and instantiate the already-compiled component afresh
+    /// (the backends move over), without initialising it: the next call other than
+    /// [`Plugin::init`], `tick` or `stats` fails with
+    /// [`SyncError::NotInitialized`](crate::SyncError::NotInitialized), and the last config is
+    /// forgotten. Not a recovery ([`Plugin::recoveries`] is unchanged). This is the cost of a
+    /// fresh instance once the component is loaded, e.g. for benchmarks.
+    pub fn reinstantiate(&mut self) -> Result<(), Error> {
+        self.instance = None;
+        self.config = None;
+        self.fresh_store();
+        self.instance = Some(self.instantiate()?);
+        Ok(())
+    }
+
     /// Run one export call under the deadline; on a trap, report it and rebuild.
     fn call<R>(
         &mut self,
@@ -628,6 +642,26 @@ mod tests {
                 next_due_ms: Some(2_000)
             }
         );
+    }
+
+    #[test]
+    fn reinstantiate_starts_uninitialised_and_keeps_the_backends() {
+        let cluster = MockCluster::new().with_node(Node::new("a", &[]));
+        let mut plugin = plugin(cluster);
+        plugin.init(&cluster_config(), 0).unwrap();
+        plugin.update(&Node::new("a", &[]), 0).unwrap();
+        plugin.reinstantiate().unwrap();
+        assert!(plugin.is_ready());
+        assert_eq!(plugin.config(), None);
+        assert_eq!(plugin.recoveries(), 0);
+        assert_eq!(plugin.backends().pod_cidrs("a").len(), 1);
+        let error = plugin.update(&Node::new("b", &[]), 0).unwrap_err();
+        assert!(
+            matches!(error, Error::Sync(SyncError::NotInitialized)),
+            "{error}"
+        );
+        plugin.init(&cluster_config(), 0).unwrap();
+        assert_eq!(plugin.stats().unwrap().nodes, 1);
     }
 
     #[test]
