@@ -7,13 +7,20 @@ use core::cell::RefCell;
 
 use crate::host;
 use crate::sync::Controller;
-use crate::types;
+use crate::types::{self, HostError, Node, SyncError};
 
 #[expect(clippy::too_many_arguments, reason = "generated import shims")]
 mod bindings {
     wit_bindgen::generate!({
         path: "../wit",
         world: "nodeipam",
+        // The hot types are the core's own (same fields and variants): nodes and errors cross
+        // the boundary without a copy into a look-alike type.
+        with: {
+            "nodeipam:sync/types@0.1.0/node": crate::types::Node,
+            "nodeipam:sync/types@0.1.0/host-error": crate::types::HostError,
+            "nodeipam:sync/types@0.1.0/sync-error": crate::types::SyncError,
+        },
     });
 }
 
@@ -34,22 +41,21 @@ unsafe impl Sync for State {}
 static STATE: State = State(RefCell::new(None));
 
 impl bindings::Guest for Component {
-    fn init(config: wit::Config, nodes: Vec<wit::Node>, now_ms: u64) -> Result<(), wit::SyncError> {
+    fn init(config: wit::Config, nodes: Vec<Node>, now_ms: u64) -> Result<(), SyncError> {
         let config = from_wit_config(config);
-        let nodes: Vec<types::Node> = nodes.into_iter().map(from_wit_node).collect();
         let mut state = STATE.0.borrow_mut();
         // Starting over: a failed init leaves the component uninitialised.
         *state = None;
-        *state = Some(Controller::init(&config, &nodes, now_ms, &mut Imports).map_err(to_wit_error)?);
+        *state = Some(Controller::init(&config, &nodes, now_ms, &mut Imports)?);
         Ok(())
     }
 
-    fn update(node: wit::Node, now_ms: u64) -> Result<(), wit::SyncError> {
-        with_controller(|c| c.update(&mut Imports, &from_wit_node(node), now_ms))
+    fn update(node: Node, now_ms: u64) -> Result<(), SyncError> {
+        with_controller(|c| c.update(&mut Imports, &node, now_ms))
     }
 
-    fn delete(node: wit::Node, now_ms: u64) -> Result<(), wit::SyncError> {
-        with_controller(|c| c.delete(&mut Imports, &from_wit_node(node), now_ms))
+    fn delete(node: Node, now_ms: u64) -> Result<(), SyncError> {
+        with_controller(|c| c.delete(&mut Imports, &node, now_ms))
     }
 
     fn tick(now_ms: u64, max_resyncs: u32) -> wit::TickReport {
@@ -85,12 +91,10 @@ impl bindings::Guest for Component {
     }
 }
 
-fn with_controller(
-    f: impl FnOnce(&mut Controller) -> Result<(), types::SyncError>,
-) -> Result<(), wit::SyncError> {
+fn with_controller(f: impl FnOnce(&mut Controller) -> Result<(), SyncError>) -> Result<(), SyncError> {
     match STATE.0.borrow_mut().as_mut() {
-        Some(controller) => f(controller).map_err(to_wit_error),
-        None => Err(wit::SyncError::NotInitialized),
+        Some(controller) => f(controller),
+        None => Err(SyncError::NotInitialized),
     }
 }
 
@@ -98,26 +102,26 @@ fn with_controller(
 struct Imports;
 
 impl host::KubeApi for Imports {
-    fn get_node(&mut self, name: &str) -> Result<types::Node, types::HostError> {
-        kube_api::get_node(name).map(from_wit_node).map_err(from_wit_host_error)
+    fn get_node(&mut self, name: &str) -> Result<Node, HostError> {
+        kube_api::get_node(name)
     }
 
-    fn update_node_pod_cidrs(&mut self, node: &types::Node, cidrs: &[String]) -> Result<(), types::HostError> {
-        kube_api::update_node_pod_cidrs(&to_wit_node(node), cidrs).map_err(from_wit_host_error)
+    fn update_node_pod_cidrs(&mut self, node: &Node, cidrs: &[String]) -> Result<(), HostError> {
+        kube_api::update_node_pod_cidrs(node, cidrs)
     }
 
-    fn update_node_network_unavailable(&mut self, name: &str, unavailable: bool) -> Result<(), types::HostError> {
-        kube_api::update_node_network_unavailable(name, unavailable).map_err(from_wit_host_error)
+    fn update_node_network_unavailable(&mut self, name: &str, unavailable: bool) -> Result<(), HostError> {
+        kube_api::update_node_network_unavailable(name, unavailable)
     }
 }
 
 impl host::CloudAlias for Imports {
-    fn alias(&mut self, node: &types::Node) -> Result<Vec<String>, types::HostError> {
-        cloud_alias::alias(&to_wit_node(node)).map_err(from_wit_host_error)
+    fn alias(&mut self, node: &Node) -> Result<Vec<String>, HostError> {
+        cloud_alias::alias(node)
     }
 
-    fn add_alias(&mut self, node: &types::Node, cidrs: &[String]) -> Result<(), types::HostError> {
-        cloud_alias::add_alias(&to_wit_node(node), cidrs).map_err(from_wit_host_error)
+    fn add_alias(&mut self, node: &Node, cidrs: &[String]) -> Result<(), HostError> {
+        cloud_alias::add_alias(node, cidrs)
     }
 }
 
@@ -139,18 +143,6 @@ impl host::Events for Imports {
     }
 }
 
-fn from_wit_node(node: wit::Node) -> types::Node {
-    types::Node { name: node.name, provider_id: node.provider_id, pod_cidrs: node.pod_cidrs }
-}
-
-fn to_wit_node(node: &types::Node) -> wit::Node {
-    wit::Node {
-        name: node.name.clone(),
-        provider_id: node.provider_id.clone(),
-        pod_cidrs: node.pod_cidrs.clone(),
-    }
-}
-
 fn from_wit_config(config: wit::Config) -> types::Config {
     types::Config {
         mode: match config.mode {
@@ -165,31 +157,5 @@ fn from_wit_config(config: wit::Config) -> types::Config {
         resync_ms: config.resync_ms,
         initial_retry_ms: config.initial_retry_ms,
         max_backoff_ms: config.max_backoff_ms,
-    }
-}
-
-fn from_wit_host_error(e: wit::HostError) -> types::HostError {
-    match e {
-        wit::HostError::NotFound(m) => types::HostError::NotFound(m),
-        wit::HostError::Conflict(m) => types::HostError::Conflict(m),
-        wit::HostError::Unavailable(m) => types::HostError::Unavailable(m),
-        wit::HostError::Other(m) => types::HostError::Other(m),
-    }
-}
-
-fn to_wit_error(e: types::SyncError) -> wit::SyncError {
-    match e {
-        types::SyncError::InvalidConfig(m) => wit::SyncError::InvalidConfig(m),
-        types::SyncError::InvalidCidr(m) => wit::SyncError::InvalidCidr(m),
-        types::SyncError::OutOfRange(m) => wit::SyncError::OutOfRange(m),
-        types::SyncError::Exhausted(m) => wit::SyncError::Exhausted(m),
-        types::SyncError::InvalidMode(m) => wit::SyncError::InvalidMode(m),
-        types::SyncError::Host(h) => wit::SyncError::Host(match h {
-            types::HostError::NotFound(m) => wit::HostError::NotFound(m),
-            types::HostError::Conflict(m) => wit::HostError::Conflict(m),
-            types::HostError::Unavailable(m) => wit::HostError::Unavailable(m),
-            types::HostError::Other(m) => wit::HostError::Other(m),
-        }),
-        types::SyncError::NotInitialized => wit::SyncError::NotInitialized,
     }
 }

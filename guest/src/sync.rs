@@ -3,6 +3,7 @@
 //! as `now_ms`, the next deadline goes out in [`TickReport`].
 
 use alloc::collections::{BTreeMap, BTreeSet};
+use hashbrown::HashMap;
 use alloc::format;
 use alloc::string::{String, ToString};
 use alloc::vec::Vec;
@@ -74,9 +75,13 @@ impl Backoff {
     }
 }
 
+/// A node's index in the controller's table: cheap to copy, compare and queue.
+type NodeId = u32;
+
 /// What the controller remembers of one node.
 #[derive(Debug)]
 struct NodeState {
+    name: String,
     /// Ranges occupied on the node's behalf (its own, an adopted alias, or an allocation).
     held: Vec<IpNet>,
     /// The network has not been marked available since the node became known or since a
@@ -89,9 +94,9 @@ struct NodeState {
     due_ms: u64,
 }
 
-impl Default for NodeState {
-    fn default() -> Self {
-        Self { held: Vec::new(), network_pending: true, failures: 0, due_ms: 0 }
+impl NodeState {
+    fn new(name: &str) -> Self {
+        Self { name: name.to_string(), held: Vec::new(), network_pending: true, failures: 0, due_ms: 0 }
     }
 }
 
@@ -101,11 +106,16 @@ pub struct Controller {
     mode: SyncMode,
     sets: Vec<CidrSet>,
     backoff: Backoff,
-    nodes: BTreeMap<String, NodeState>,
-    /// Which node holds each range (the allocator only knows that a range is used).
-    holders: BTreeMap<IpNet, String>,
+    /// Every known node by name, into `nodes`.
+    ids: HashMap<String, NodeId>,
+    /// Node states by id; a forgotten node's slot is reused (`free`).
+    nodes: Vec<NodeState>,
+    free: Vec<NodeId>,
+    /// Which node holds each range (the allocator only knows that a range is used). Held
+    /// ranges never overlap.
+    holders: BTreeMap<IpNet, NodeId>,
     /// Resync queue, earliest first.
-    queue: BTreeSet<(u64, String)>,
+    queue: BTreeSet<(u64, NodeId)>,
 }
 
 impl Controller {
@@ -119,10 +129,12 @@ impl Controller {
         host: &mut impl Host,
     ) -> Result<Self, SyncError> {
         let mut controller = Self::new(config)?;
+        controller.ids.reserve(nodes.len());
+        controller.nodes.reserve(nodes.len());
         for node in nodes {
-            controller.know(&node.name);
+            let id = controller.know(&node.name);
             for text in &node.pod_cidrs {
-                controller.occupy_at_start(host, &node.name, "pod range", text);
+                controller.occupy_at_start(host, id, "pod range", text);
             }
         }
         if controller.mode == SyncMode::SyncFromCluster {
@@ -132,20 +144,21 @@ impl Controller {
                     Err(HostError::NotFound(_)) => continue,
                     Err(e) => return Err(host_error(e)),
                 };
+                let id = controller.know(&node.name);
                 for text in &alias {
-                    controller.occupy_at_start(host, &node.name, "cloud alias", text);
+                    controller.occupy_at_start(host, id, "cloud alias", text);
                 }
             }
         }
         let due = now_ms.saturating_add(controller.backoff.delay_ms(0));
-        for node in nodes {
-            controller.schedule_at(&node.name, due);
+        for id in 0..controller.nodes.len() {
+            controller.schedule_at(id as NodeId, due);
         }
         host.log(
             Level::Info,
             "initialized",
             &[
-                ("nodes", &controller.nodes.len().to_string()),
+                ("nodes", &controller.ids.len().to_string()),
                 ("mode", mode_name(controller.mode)),
             ],
         );
@@ -162,7 +175,9 @@ impl Controller {
                 config.initial_retry_ms,
                 config.max_backoff_ms,
             )?,
-            nodes: BTreeMap::new(),
+            ids: HashMap::new(),
+            nodes: Vec::new(),
+            free: Vec::new(),
             holders: BTreeMap::new(),
             queue: BTreeSet::new(),
         })
@@ -170,26 +185,26 @@ impl Controller {
 
     /// A node was added or changed: sync it now and reschedule it.
     pub fn update(&mut self, host: &mut impl Host, node: &Node, now_ms: u64) -> Result<(), SyncError> {
-        self.know(&node.name);
-        let result = self.sync(host, node);
-        self.reschedule(&node.name, now_ms, result.is_ok());
+        let id = self.know(&node.name);
+        let result = self.sync(host, id, node);
+        self.reschedule(id, now_ms, result.is_ok());
         result
     }
 
     /// A node was deleted: release its ranges and any range held for it, and forget it.
     pub fn delete(&mut self, host: &mut impl Host, node: &Node, _now_ms: u64) -> Result<(), SyncError> {
         let name = node.name.as_str();
-        if !self.nodes.contains_key(name) {
+        let Some(&id) = self.ids.get(name) else {
             host.log(
                 Level::Info,
                 "deleted node is not known: releasing nothing",
                 &[("node", &quote(name))],
             );
             return Ok(());
-        }
+        };
         for text in &node.pod_cidrs {
             match parse_cidr(text) {
-                Ok(range) => self.release_for(host, name, range),
+                Ok(range) => self.release_for(host, id, range),
                 Err(why) => host.emit_node_warning(
                     name,
                     REASON_INVALID_POD_CIDR,
@@ -197,7 +212,7 @@ impl Controller {
                 ),
             }
         }
-        self.forget(host, name);
+        self.forget(host, id);
         Ok(())
     }
 
@@ -206,31 +221,31 @@ impl Controller {
         let mut report = TickReport::default();
         let limit = if max_resyncs == 0 { u32::MAX } else { max_resyncs };
         while report.resynced + report.failed < limit {
-            let Some((due, _)) = self.queue.first() else { break };
-            if *due > now_ms {
-                break;
+            match self.queue.first() {
+                Some(&(due, _)) if due <= now_ms => {}
+                _ => break,
             }
-            let Some((_, name)) = self.queue.pop_first() else { break };
-            match self.resync(host, &name, now_ms) {
+            let Some((_, id)) = self.queue.pop_first() else { break };
+            match self.resync(host, id, now_ms) {
                 Ok(()) => report.resynced += 1,
                 Err(e) => {
                     report.failed += 1;
                     host.log(
                         Level::Warn,
                         "resync failed",
-                        &[("node", &quote(&name)), ("error", &e.to_string())],
+                        &[("node", &quote(self.name(id))), ("error", &e.to_string())],
                     );
                 }
             }
         }
-        report.next_due_ms = self.queue.first().map(|(due, _)| *due);
+        report.next_due_ms = self.next_due_ms();
         report
     }
 
     /// The allocators' counters.
     pub fn stats(&self) -> Stats {
         let mut stats = Stats {
-            nodes: u32::try_from(self.nodes.len()).unwrap_or(u32::MAX),
+            nodes: u32::try_from(self.ids.len()).unwrap_or(u32::MAX),
             ..Stats::default()
         };
         for set in &self.sets {
@@ -249,36 +264,36 @@ impl Controller {
 
     /// When the earliest resync is due.
     pub fn next_due_ms(&self) -> Option<u64> {
-        self.queue.first().map(|(due, _)| *due)
+        self.queue.first().map(|&(due, _)| due)
     }
 
-    /// The ranges the controller holds for a node, in config order.
+    /// The ranges the controller holds for a node.
     pub fn held(&self, name: &str) -> &[IpNet] {
-        self.nodes.get(name).map_or(&[], |state| &state.held)
+        self.ids.get(name).map_or(&[], |&id| &self.nodes[id as usize].held)
     }
 
     /// Re-reads the node from the cluster and syncs it. A node the cluster no longer has is
     /// forgotten and its ranges released.
-    fn resync(&mut self, host: &mut impl Host, name: &str, now_ms: u64) -> Result<(), SyncError> {
-        let result = match host.get_node(name) {
-            Ok(node) => self.sync(host, &node),
+    fn resync(&mut self, host: &mut impl Host, id: NodeId, now_ms: u64) -> Result<(), SyncError> {
+        let result = match host.get_node(self.name(id)) {
+            Ok(node) => self.sync(host, id, &node),
             Err(HostError::NotFound(_)) => {
                 host.log(
                     Level::Info,
                     "node is gone from the cluster: releasing its ranges",
-                    &[("node", &quote(name))],
+                    &[("node", &quote(self.name(id)))],
                 );
-                self.forget(host, name);
+                self.forget(host, id);
                 return Ok(());
             }
             Err(e) => Err(host_error(e)),
         };
-        self.reschedule(name, now_ms, result.is_ok());
+        self.reschedule(id, now_ms, result.is_ok());
         result
     }
 
     /// The update: compare the node's ranges with its cloud alias and act (DESIGN.md's table).
-    fn sync(&mut self, host: &mut impl Host, node: &Node) -> Result<(), SyncError> {
+    fn sync(&mut self, host: &mut impl Host, id: NodeId, node: &Node) -> Result<(), SyncError> {
         let ranges = self.parse_ranges(&node.name, "pod range", &node.pod_cidrs)?;
         let alias = match host.alias(node) {
             Ok(alias) => self.parse_ranges(&node.name, "cloud alias", &alias)?,
@@ -286,24 +301,25 @@ impl Controller {
             Err(e) => return Err(host_error(e)),
         };
         match (ranges.is_empty(), alias.is_empty()) {
-            (true, true) => self.allocate(host, node),
-            (true, false) => self.update_node_from_alias(host, node, &alias),
-            (false, true) => self.update_alias_from_node(host, node, &ranges),
-            (false, false) => self.validate(host, node, &ranges, &alias),
+            (true, true) => self.allocate(host, id, node),
+            (true, false) => self.update_node_from_alias(host, id, node, &alias),
+            (false, true) => self.update_alias_from_node(host, id, node, &ranges),
+            (false, false) => self.validate(host, id, node, &ranges, &alias),
         }
     }
 
     /// No range, no alias: allocate (or reuse a pending allocation), push it to the cloud,
     /// set it on the node, mark the network available.
-    fn allocate(&mut self, host: &mut impl Host, node: &Node) -> Result<(), SyncError> {
+    fn allocate(&mut self, host: &mut impl Host, id: NodeId, node: &Node) -> Result<(), SyncError> {
         self.require_mode(host, node, SyncMode::SyncFromCluster, "allocate a range")?;
-        let name = node.name.as_str();
-        self.set_state(name, |s| s.network_pending = true);
-        if self.held(name).is_empty() {
-            let ranges = self.allocate_all(name)?;
-            self.hold(name, &ranges);
+        self.nodes[id as usize].network_pending = true;
+        if self.nodes[id as usize].held.is_empty() {
+            let ranges = self.allocate_all(&node.name)?;
+            for range in ranges {
+                self.hold(id, range);
+            }
         }
-        let cidrs = to_strings(self.held(name));
+        let cidrs = to_strings(&self.nodes[id as usize].held);
         match host.add_alias(node, &cidrs) {
             Ok(()) => {}
             Err(e @ HostError::Unavailable(_)) => {
@@ -312,14 +328,12 @@ impl Controller {
                 return Err(host_error(e));
             }
             Err(e) => {
-                for range in self.held(name).to_vec() {
-                    self.release_for(host, name, range);
-                }
+                self.release_all(host, id);
                 return Err(host_error(e));
             }
         }
         host.update_node_pod_cidrs(node, &cidrs).map_err(host_error)?;
-        self.mark_network_available(host, name)
+        self.mark_network_available(host, id)
     }
 
     /// No range, an alias: in `sync-from-cloud` copy the alias onto the node. In
@@ -328,79 +342,78 @@ impl Controller {
     fn update_node_from_alias(
         &mut self,
         host: &mut impl Host,
+        id: NodeId,
         node: &Node,
         alias: &[IpNet],
     ) -> Result<(), SyncError> {
-        let name = node.name.as_str();
-        if self.mode == SyncMode::SyncFromCluster && !self.is_unfinished_allocation(name, alias) {
+        if self.mode == SyncMode::SyncFromCluster && !self.is_unfinished_allocation(id, alias) {
             self.require_mode(host, node, SyncMode::SyncFromCloud, "copy the cloud alias to the node")?;
         }
-        self.set_state(name, |s| s.network_pending = true);
-        self.settle(host, name, alias)?;
+        self.nodes[id as usize].network_pending = true;
+        self.settle(host, id, alias)?;
         host.update_node_pod_cidrs(node, &to_strings(alias)).map_err(host_error)?;
-        self.mark_network_available(host, name)
+        self.mark_network_available(host, id)
     }
 
     /// A range, no alias: occupy the node's range and push it to the cloud.
     fn update_alias_from_node(
         &mut self,
         host: &mut impl Host,
+        id: NodeId,
         node: &Node,
         ranges: &[IpNet],
     ) -> Result<(), SyncError> {
         self.require_mode(host, node, SyncMode::SyncFromCluster, "add the node's range as a cloud alias")?;
-        let name = node.name.as_str();
-        self.set_state(name, |s| s.network_pending = true);
-        self.settle(host, name, ranges)?;
+        self.nodes[id as usize].network_pending = true;
+        self.settle(host, id, ranges)?;
         host.add_alias(node, &to_strings(ranges)).map_err(host_error)?;
-        self.mark_network_available(host, name)
+        self.mark_network_available(host, id)
     }
 
     /// A range and an alias: equal is in sync; different needs a person.
     fn validate(
         &mut self,
         host: &mut impl Host,
+        id: NodeId,
         node: &Node,
         ranges: &[IpNet],
         alias: &[IpNet],
     ) -> Result<(), SyncError> {
-        let name = node.name.as_str();
-        let mut keep = ranges.to_vec();
-        if ranges != alias {
-            // The alias is attached to the node's VM: hold it too (where it is free) so it is
-            // not handed to another node while a person decides.
-            for &range in alias {
-                let usable = self.set_for(range).is_some_and(|set| set.contains(range))
-                    && !keep.iter().any(|k| k.contains(&range) || range.contains(k))
-                    && self.overlapping(range).is_none_or(|(held, holder)| held == range && holder == name);
-                if usable {
-                    keep.push(range);
-                }
+        if ranges == alias {
+            self.settle(host, id, ranges)?;
+            if self.nodes[id as usize].network_pending {
+                return self.mark_network_available(host, id);
             }
-        }
-        self.settle(host, name, &keep)?;
-        if ranges != alias {
-            host.emit_node_warning(
-                name,
-                REASON_MISMATCH,
-                &format!(
-                    "node {} has pod ranges {} but its cloud alias is {}: not changing either",
-                    quote(name),
-                    join(ranges),
-                    join(alias)
-                ),
-            );
             return Ok(());
         }
-        if self.nodes.get(name).is_some_and(|s| s.network_pending) {
-            return self.mark_network_available(host, name);
+        // The alias is attached to the node's VM: hold it too (where it is free) so it is not
+        // handed to another node while a person decides.
+        let mut keep = ranges.to_vec();
+        for &range in alias {
+            let usable = self.set_for(range).is_some_and(|set| set.contains(range))
+                && !keep.iter().any(|k| k.contains(&range) || range.contains(k))
+                && self.overlapping(range).is_none_or(|(held, holder)| held == range && holder == id);
+            if usable {
+                keep.push(range);
+            }
         }
+        self.settle(host, id, &keep)?;
+        host.emit_node_warning(
+            &node.name,
+            REASON_MISMATCH,
+            &format!(
+                "node {} has pod ranges {} but its cloud alias is {}: not changing either",
+                quote(&node.name),
+                join(ranges),
+                join(alias)
+            ),
+        );
         Ok(())
     }
 
-    fn mark_network_available(&mut self, host: &mut impl Host, name: &str) -> Result<(), SyncError> {
-        let result = host.update_node_network_unavailable(name, false);
-        self.set_state(name, |s| s.network_pending = result.is_err());
+    fn mark_network_available(&mut self, host: &mut impl Host, id: NodeId) -> Result<(), SyncError> {
+        let result = host.update_node_network_unavailable(self.name(id), false);
+        self.nodes[id as usize].network_pending = result.is_err();
         result.map_err(host_error)
     }
 
@@ -426,14 +439,14 @@ impl Controller {
     }
 
     /// An alias made of node-sized ranges in the cluster CIDRs, free or held by this node.
-    fn is_unfinished_allocation(&self, name: &str, alias: &[IpNet]) -> bool {
+    fn is_unfinished_allocation(&self, id: NodeId, alias: &[IpNet]) -> bool {
         alias.iter().all(|&range| {
             let Some(set) = self.set_for(range) else { return false };
             if range.prefix_len() != set.node_mask_size() || !set.contains(range) {
                 return false;
             }
             match self.overlapping(range) {
-                Some((held, holder)) => held == range && holder == name,
+                Some((held, holder)) => held == range && holder == id,
                 None => !set.is_occupied(range).unwrap_or(true),
             }
         })
@@ -446,10 +459,9 @@ impl Controller {
             match self.sets[i].allocate_next() {
                 Ok(range) => ranges.push(range),
                 Err(e) => {
-                    for &range in &ranges {
-                        if let Some(set) = self.sets.iter_mut().find(|s| same_family(s.cluster(), range)) {
-                            let _ = set.release(range);
-                        }
+                    for (set, &range) in self.sets.iter_mut().zip(&ranges) {
+                        // Just allocated from this very set: releasing cannot fail.
+                        let _ = set.release(range);
                     }
                     return Err(SyncError::Exhausted(format!("node {}: {e}", quote(name))));
                 }
@@ -458,11 +470,12 @@ impl Controller {
         Ok(ranges)
     }
 
-    /// Occupies `range` for `name`. A range overlapping one that is held already (by another
-    /// node, or by this node under another range) is refused: held ranges never overlap.
-    fn occupy_for(&mut self, name: &str, range: IpNet) -> Result<(), SyncError> {
+    /// Occupies `range` for the node. A range overlapping one that is held already (by
+    /// another node, or by this node under another range) is refused: held ranges never
+    /// overlap.
+    fn occupy_for(&mut self, id: NodeId, range: IpNet) -> Result<(), SyncError> {
         if let Some((held, holder)) = self.overlapping(range) {
-            if held == range && holder == name {
+            if held == range && holder == id {
                 return Ok(());
             }
             let relation = if held == range {
@@ -472,81 +485,86 @@ impl Controller {
             };
             return Err(SyncError::InvalidCidr(format!(
                 "node {}: range {range} {relation} by node {}",
-                quote(name),
-                quote(holder)
+                quote(self.name(id)),
+                quote(self.name(holder))
             )));
         }
         let Some(set) = self.sets.iter_mut().find(|s| same_family(s.cluster(), range)) else {
             return Err(SyncError::InvalidCidr(format!(
                 "node {}: range {range} has no cluster cidr of its ip family",
-                quote(name)
+                quote(self.name(id))
             )));
         };
-        set.occupy(range).map_err(|e| cidr_error(name, e))?;
-        self.hold(name, &[range]);
+        if let Err(e) = set.occupy(range) {
+            return Err(cidr_error(self.name(id), e));
+        }
+        self.hold(id, range);
         Ok(())
     }
 
     /// A held range that overlaps `range`, and its holder. CIDRs overlap only by nesting, and
     /// held ranges never overlap each other, so two ordered lookups find it: a held range that
     /// starts inside `range`, or the last one starting before it, if that one contains it.
-    fn overlapping(&self, range: IpNet) -> Option<(IpNet, &str)> {
+    fn overlapping(&self, range: IpNet) -> Option<(IpNet, NodeId)> {
         let first = IpNet::new(range.network(), 0).ok()?;
         let last = IpNet::new(range.broadcast(), range.max_prefix_len()).ok()?;
         let inside = self.holders.range(first..=last).next();
         let before = self.holders.range(..first).next_back().filter(|(held, _)| held.contains(&range));
-        inside.or(before).map(|(held, holder)| (*held, holder.as_str()))
+        inside.or(before).map(|(&held, &holder)| (held, holder))
     }
+
     /// At start: occupy a node's range or alias, logging (not failing) what cannot be used.
-    fn occupy_at_start(&mut self, host: &mut impl Host, name: &str, what: &str, text: &str) {
-        let result = parse_cidr(text)
-            .map_err(|why| SyncError::InvalidCidr(format!("node {}: {what} {}: {why}", quote(name), quote(text))))
-            .and_then(|range| self.occupy_for(name, range));
+    fn occupy_at_start(&mut self, host: &mut impl Host, id: NodeId, what: &str, text: &str) {
+        let result = match parse_cidr(text) {
+            Ok(range) => self.occupy_for(id, range),
+            Err(why) => Err(SyncError::InvalidCidr(format!(
+                "node {}: {what} {}: {why}",
+                quote(self.name(id)),
+                quote(text)
+            ))),
+        };
         if let Err(e) = result {
             host.log(
                 Level::Warn,
                 "skipping a range at start",
-                &[("node", &quote(name)), ("error", &e.to_string())],
+                &[("node", &quote(self.name(id))), ("error", &e.to_string())],
             );
         }
     }
 
-    /// Makes `ranges` exactly what `name` holds: releases anything else held for it (a pending
-    /// allocation the node or the cloud did not end up with, a range the node no longer has),
-    /// then occupies them.
-    fn settle(&mut self, host: &mut impl Host, name: &str, ranges: &[IpNet]) -> Result<(), SyncError> {
-        for range in self.held(name).to_vec() {
+    /// Makes `ranges` exactly what the node holds: releases anything else held for it (a
+    /// pending allocation the node or the cloud did not end up with, a range the node no
+    /// longer has), then occupies them.
+    fn settle(&mut self, host: &mut impl Host, id: NodeId, ranges: &[IpNet]) -> Result<(), SyncError> {
+        let held = &self.nodes[id as usize].held;
+        if held.len() == ranges.len() && held.iter().all(|r| ranges.contains(r)) {
+            return Ok(());
+        }
+        for range in held.clone() {
             if !ranges.contains(&range) {
-                self.release_for(host, name, range);
+                self.release_for(host, id, range);
             }
         }
         for &range in ranges {
-            self.occupy_for(name, range)?;
+            self.occupy_for(id, range)?;
         }
         Ok(())
     }
 
-    /// Records `ranges` as held by `name` (the allocator already has them).
-    fn hold(&mut self, name: &str, ranges: &[IpNet]) {
-        for &range in ranges {
-            self.holders.insert(range, name.to_string());
-        }
-        self.set_state(name, |state| {
-            state.held.extend_from_slice(ranges);
-            state.held.dedup();
-        });
+    /// Records `range` as held by the node (the allocator already has it).
+    fn hold(&mut self, id: NodeId, range: IpNet) {
+        self.holders.insert(range, id);
+        self.nodes[id as usize].held.push(range);
     }
 
-    /// Releases `range` for `name`: forgets it as held, and frees its node ranges in the
+    /// Releases `range` for the node: forgets it as held, and frees its node ranges in the
     /// allocator unless another held range still uses them (a range overlapping another node's
     /// is left alone; one smaller than a node range frees that node range only when nothing
     /// else held lies in it).
-    fn release_for(&mut self, host: &mut impl Host, name: &str, range: IpNet) {
-        if self.holders.get(&range).is_some_and(|holder| holder == name) {
+    fn release_for(&mut self, host: &mut impl Host, id: NodeId, range: IpNet) {
+        if self.holders.get(&range) == Some(&id) {
             self.holders.remove(&range);
-            if let Some(state) = self.nodes.get_mut(name) {
-                state.held.retain(|r| *r != range);
-            }
+            self.nodes[id as usize].held.retain(|r| *r != range);
         }
         let Some(set) = self.sets.iter().position(|s| same_family(s.cluster(), range)) else { return };
         let slot = node_range_of(range, self.sets[set].node_mask_size());
@@ -554,7 +572,12 @@ impl Controller {
             host.log(
                 Level::Info,
                 "not releasing a range that another held range uses",
-                &[("node", &quote(name)), ("range", &range.to_string()), ("held", &held.to_string()), ("holder", &quote(holder))],
+                &[
+                    ("node", &quote(self.name(id))),
+                    ("range", &range.to_string()),
+                    ("held", &held.to_string()),
+                    ("holder", &quote(self.name(holder))),
+                ],
             );
             return;
         }
@@ -562,47 +585,63 @@ impl Controller {
             host.log(
                 Level::Warn,
                 "not releasing a range outside the cluster cidrs",
-                &[("node", &quote(name)), ("error", &e.to_string())],
+                &[("node", &quote(self.name(id))), ("error", &e.to_string())],
             );
         }
     }
 
-    /// Releases everything held for `name` and drops it from the schedule.
-    fn forget(&mut self, host: &mut impl Host, name: &str) {
-        for range in self.held(name).to_vec() {
-            self.release_for(host, name, range);
-        }
-        if let Some(state) = self.nodes.remove(name) {
-            self.queue.remove(&(state.due_ms, name.to_string()));
+    /// Releases everything held for the node.
+    fn release_all(&mut self, host: &mut impl Host, id: NodeId) {
+        for range in self.nodes[id as usize].held.clone() {
+            self.release_for(host, id, range);
         }
     }
 
-    fn reschedule(&mut self, name: &str, now_ms: u64, ok: bool) {
-        let Some(state) = self.nodes.get_mut(name) else { return };
+    /// Releases everything held for the node, drops it from the schedule and frees its slot.
+    fn forget(&mut self, host: &mut impl Host, id: NodeId) {
+        self.release_all(host, id);
+        let state = &mut self.nodes[id as usize];
+        self.queue.remove(&(state.due_ms, id));
+        self.ids.remove(&state.name);
+        *state = NodeState::new("");
+        self.free.push(id);
+    }
+
+    /// The node's id, adding it when it is new.
+    fn know(&mut self, name: &str) -> NodeId {
+        if let Some(&id) = self.ids.get(name) {
+            return id;
+        }
+        let state = NodeState::new(name);
+        let id = match self.free.pop() {
+            Some(id) => {
+                self.nodes[id as usize] = state;
+                id
+            }
+            None => {
+                self.nodes.push(state);
+                (self.nodes.len() - 1) as NodeId
+            }
+        };
+        self.ids.insert(name.to_string(), id);
+        id
+    }
+
+    fn name(&self, id: NodeId) -> &str {
+        &self.nodes[id as usize].name
+    }
+
+    fn reschedule(&mut self, id: NodeId, now_ms: u64, ok: bool) {
+        let state = &mut self.nodes[id as usize];
         state.failures = if ok { 0 } else { state.failures.saturating_add(1) };
         let due = now_ms.saturating_add(self.backoff.delay_ms(state.failures));
-        self.schedule_at(name, due);
+        self.schedule_at(id, due);
     }
 
-    fn schedule_at(&mut self, name: &str, due_ms: u64) {
-        let Some(state) = self.nodes.get_mut(name) else { return };
-        let old = core::mem::replace(&mut state.due_ms, due_ms);
-        self.queue.remove(&(old, name.to_string()));
-        self.queue.insert((due_ms, name.to_string()));
-    }
-
-    /// Changes a known node's state (every caller runs after the node became known).
-    fn set_state(&mut self, name: &str, change: impl FnOnce(&mut NodeState)) {
-        if let Some(state) = self.nodes.get_mut(name) {
-            change(state);
-        }
-    }
-
-    /// Adds a node the controller does not know yet.
-    fn know(&mut self, name: &str) {
-        if !self.nodes.contains_key(name) {
-            self.nodes.insert(name.to_string(), NodeState::default());
-        }
+    fn schedule_at(&mut self, id: NodeId, due_ms: u64) {
+        let old = core::mem::replace(&mut self.nodes[id as usize].due_ms, due_ms);
+        self.queue.remove(&(old, id));
+        self.queue.insert((due_ms, id));
     }
 
     fn set_for(&self, range: IpNet) -> Option<&CidrSet> {
