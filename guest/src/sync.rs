@@ -2,8 +2,10 @@
 //! agreement, and owns the allocators. Sans-IO: host calls go through [`Host`], time comes in
 //! as `now_ms`, the next deadline goes out in [`TickReport`].
 
-use alloc::collections::{BTreeMap, BTreeSet};
+use alloc::collections::{BTreeMap, BinaryHeap};
+use core::cmp::Reverse;
 use hashbrown::HashMap;
+use smallvec::SmallVec;
 use alloc::format;
 use alloc::string::{String, ToString};
 use alloc::vec::Vec;
@@ -75,6 +77,9 @@ impl Backoff {
     }
 }
 
+/// A node's ranges: one per cluster CIDR, so at most two, kept inline.
+type Ranges = SmallVec<[IpNet; 2]>;
+
 /// A node's index in the controller's table: cheap to copy, compare and queue.
 type NodeId = u32;
 
@@ -83,20 +88,20 @@ type NodeId = u32;
 struct NodeState {
     name: String,
     /// Ranges occupied on the node's behalf (its own, an adopted alias, or an allocation).
-    held: Vec<IpNet>,
+    held: Ranges,
     /// The network has not been marked available since the node became known or since a
     /// write sequence for it started: a resync that finds it in sync marks it (again), so a
     /// failed or interrupted write sequence, or a restart, never leaves it unavailable.
     network_pending: bool,
     /// Consecutive failed syncs.
     failures: u32,
-    /// When the next resync is due.
-    due_ms: u64,
+    /// Counts the node's schedulings: the queue entry with this number is its live one.
+    schedule: u32,
 }
 
 impl NodeState {
     fn new(name: &str) -> Self {
-        Self { name: name.to_string(), held: Vec::new(), network_pending: true, failures: 0, due_ms: 0 }
+        Self { name: name.to_string(), held: Ranges::new(), network_pending: true, failures: 0, schedule: 0 }
     }
 }
 
@@ -114,8 +119,10 @@ pub struct Controller {
     /// Which node holds each range (the allocator only knows that a range is used). Held
     /// ranges never overlap.
     holders: BTreeMap<IpNet, NodeId>,
-    /// Resync queue, earliest first.
-    queue: BTreeSet<(u64, NodeId)>,
+    /// Resync queue: a min-heap of (due, node, schedule). Rescheduling pushes a new entry and
+    /// leaves the old one stale (its schedule number no longer matches the node's); stale
+    /// entries are dropped when they reach the top, so the top is always live.
+    queue: BinaryHeap<Reverse<(u64, NodeId, u32)>>,
 }
 
 impl Controller {
@@ -179,7 +186,7 @@ impl Controller {
             nodes: Vec::new(),
             free: Vec::new(),
             holders: BTreeMap::new(),
-            queue: BTreeSet::new(),
+            queue: BinaryHeap::new(),
         })
     }
 
@@ -221,11 +228,14 @@ impl Controller {
         let mut report = TickReport::default();
         let limit = if max_resyncs == 0 { u32::MAX } else { max_resyncs };
         while report.resynced + report.failed < limit {
-            match self.queue.first() {
-                Some(&(due, _)) if due <= now_ms => {}
+            match self.queue.peek() {
+                Some(&Reverse((due, _, _))) if due <= now_ms => {}
                 _ => break,
             }
-            let Some((_, id)) = self.queue.pop_first() else { break };
+            let Some(Reverse((_, id, _))) = self.queue.pop() else { break };
+            // Not queued any more until rescheduled.
+            self.nodes[id as usize].schedule = self.nodes[id as usize].schedule.wrapping_add(1);
+            self.drop_stale();
             match self.resync(host, id, now_ms) {
                 Ok(()) => report.resynced += 1,
                 Err(e) => {
@@ -264,7 +274,7 @@ impl Controller {
 
     /// When the earliest resync is due.
     pub fn next_due_ms(&self) -> Option<u64> {
-        self.queue.first().map(|&(due, _)| due)
+        self.queue.peek().map(|&Reverse((due, _, _))| due)
     }
 
     /// The ranges the controller holds for a node.
@@ -297,7 +307,7 @@ impl Controller {
         let ranges = self.parse_ranges(&node.name, "pod range", &node.pod_cidrs)?;
         let alias = match host.alias(node) {
             Ok(alias) => self.parse_ranges(&node.name, "cloud alias", &alias)?,
-            Err(HostError::NotFound(_)) => Vec::new(),
+            Err(HostError::NotFound(_)) => Ranges::new(),
             Err(e) => return Err(host_error(e)),
         };
         match (ranges.is_empty(), alias.is_empty()) {
@@ -388,7 +398,7 @@ impl Controller {
         }
         // The alias is attached to the node's VM: hold it too (where it is free) so it is not
         // handed to another node while a person decides.
-        let mut keep = ranges.to_vec();
+        let mut keep = Ranges::from_slice(ranges);
         for &range in alias {
             let usable = self.set_for(range).is_some_and(|set| set.contains(range))
                 && !keep.iter().any(|k| k.contains(&range) || range.contains(k))
@@ -453,8 +463,8 @@ impl Controller {
     }
 
     /// One range from every set, all or nothing.
-    fn allocate_all(&mut self, name: &str) -> Result<Vec<IpNet>, SyncError> {
-        let mut ranges = Vec::with_capacity(self.sets.len());
+    fn allocate_all(&mut self, name: &str) -> Result<Ranges, SyncError> {
+        let mut ranges = Ranges::new();
         for i in 0..self.sets.len() {
             match self.sets[i].allocate_next() {
                 Ok(range) => ranges.push(range),
@@ -601,10 +611,11 @@ impl Controller {
     fn forget(&mut self, host: &mut impl Host, id: NodeId) {
         self.release_all(host, id);
         let state = &mut self.nodes[id as usize];
-        self.queue.remove(&(state.due_ms, id));
         self.ids.remove(&state.name);
-        *state = NodeState::new("");
+        let schedule = state.schedule.wrapping_add(1);
+        *state = NodeState { schedule, ..NodeState::new("") };
         self.free.push(id);
+        self.drop_stale();
     }
 
     /// The node's id, adding it when it is new.
@@ -615,7 +626,9 @@ impl Controller {
         let state = NodeState::new(name);
         let id = match self.free.pop() {
             Some(id) => {
-                self.nodes[id as usize] = state;
+                // Keep counting schedules: the slot's old queue entries must stay stale.
+                let schedule = self.nodes[id as usize].schedule;
+                self.nodes[id as usize] = NodeState { schedule, ..state };
                 id
             }
             None => {
@@ -639,9 +652,25 @@ impl Controller {
     }
 
     fn schedule_at(&mut self, id: NodeId, due_ms: u64) {
-        let old = core::mem::replace(&mut self.nodes[id as usize].due_ms, due_ms);
-        self.queue.remove(&(old, id));
-        self.queue.insert((due_ms, id));
+        let state = &mut self.nodes[id as usize];
+        state.schedule = state.schedule.wrapping_add(1);
+        self.queue.push(Reverse((due_ms, id, state.schedule)));
+        self.drop_stale();
+        if self.queue.len() > 2 * self.ids.len() + 1024 {
+            // Many reschedules since the stale entries last reached the top: rebuild.
+            let nodes = &self.nodes;
+            self.queue.retain(|&Reverse((_, id, schedule))| nodes[id as usize].schedule == schedule);
+        }
+    }
+
+    /// Drops stale entries from the top of the queue.
+    fn drop_stale(&mut self) {
+        while let Some(&Reverse((_, id, schedule))) = self.queue.peek() {
+            if self.nodes[id as usize].schedule == schedule {
+                break;
+            }
+            self.queue.pop();
+        }
     }
 
     fn set_for(&self, range: IpNet) -> Option<&CidrSet> {
@@ -650,7 +679,7 @@ impl Controller {
 
     /// Parses a node's range list: at most one range per cluster CIDR, each of a family the
     /// config has; returned in config order.
-    fn parse_ranges(&self, name: &str, what: &str, texts: &[String]) -> Result<Vec<IpNet>, SyncError> {
+    fn parse_ranges(&self, name: &str, what: &str, texts: &[String]) -> Result<Ranges, SyncError> {
         if texts.len() > self.sets.len() {
             return Err(SyncError::InvalidCidr(format!(
                 "node {}: {} {what}s given ({}) but only {} cluster cidr{} configured",
@@ -661,7 +690,7 @@ impl Controller {
                 if self.sets.len() == 1 { " is" } else { "s are" }
             )));
         }
-        let mut ranges = Vec::with_capacity(texts.len());
+        let mut ranges = Ranges::new();
         for text in texts {
             let range = parse_cidr(text).map_err(|why| {
                 SyncError::InvalidCidr(format!("node {}: {what} {}: {why}", quote(name), quote(text)))

@@ -755,3 +755,26 @@ fn mismatched_alias_is_held_for_its_node_until_resolved() {
     assert_eq!(c.held("a"), &[net("10.0.0.0/24")]);
     assert_eq!(c.stats().sets[0].used, 2);
 }
+
+#[test]
+fn a_reused_node_slot_does_not_inherit_old_queue_entries() {
+    // x, due first, keeps a's stale queue entries buried under the top.
+    let mut world = World::with_nodes(&[("x", &[], &[]), ("a", &[], &[])]);
+    let mut c = start(CLUSTER, &mut world);
+    update(&mut c, &mut world, "x", 0).unwrap();
+    for now in 1..5 {
+        update(&mut c, &mut world, "a", now).unwrap();
+    }
+    delete(&mut c, &mut world, "a", 5).unwrap();
+    world.add_node("b", &[], &[]);
+    for now in 6..9 {
+        update(&mut c, &mut world, "b", now).unwrap();
+    }
+    world.take_calls();
+    // Only x is due before b's one live entry at 8 + 30 s.
+    let report = c.tick(&mut world, 8 + DEFAULT_RESYNC_MS - 1, 0);
+    assert_eq!((report.resynced, report.failed), (1, 0));
+    assert_eq!(report.next_due_ms, Some(8 + DEFAULT_RESYNC_MS));
+    let report = c.tick(&mut world, 8 + DEFAULT_RESYNC_MS, 0);
+    assert_eq!(report.resynced, 1);
+}
