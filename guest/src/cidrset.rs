@@ -21,6 +21,9 @@ pub const MAX_EXTRA_BITS: u8 = 24;
 pub struct CidrSet {
     /// The cluster CIDR, host bits cleared.
     cluster: IpNet,
+    /// The cluster's network address as an integer (IPv4: the low 32 bits), so that
+    /// `range_at` does not convert it from bytes again on every allocation.
+    network: u128,
     node_mask_size: u8,
     /// Address bits below the node prefix: `family bits - node_mask_size` (0..=128).
     host_bits: u32,
@@ -28,9 +31,12 @@ pub struct CidrSet {
     max: u32,
     /// One bit per node range, set when the range is in use.
     bitmap: Bitmap,
-    /// Where `allocate_next` starts looking: just after the range it handed out last.
+    /// Where `allocate_next` starts looking: just after the range it handed out last. `max`
+    /// after the last range: the search finds nothing from there and wraps around to 0 (the
+    /// fast path has no wrap-around test).
     next_candidate: u32,
-    used: u32,
+    // No `used` field: it is `allocations - releases` (every bit set is counted in one, every
+    // bit cleared in the other), one counter less to update per allocation.
     allocations: u64,
     releases: u64,
     allocation_tries: u64,
@@ -101,14 +107,18 @@ impl CidrSet {
             return Err(invalid(MaskProblem::TooManyRanges));
         }
         let max = 1u32 << extra_bits;
+        let network = match cluster {
+            IpNet::V4(c) => u128::from(u32::from(c.network())),
+            IpNet::V6(c) => u128::from(c.network()),
+        };
         Ok(CidrSet {
             cluster: cluster.trunc(),
+            network,
             node_mask_size,
             host_bits: u32::from(cluster.max_prefix_len() - node_mask_size),
             max,
             bitmap: Bitmap::new(max as usize),
             next_candidate: 0,
-            used: 0,
             allocations: 0,
             releases: 0,
             allocation_tries: 0,
@@ -127,34 +137,53 @@ impl CidrSet {
 
     /// Marks the first free node range after the one handed out last (from the first range
     /// in a fresh set), wrapping around, as used and returns it.
+    ///
+    /// Always inlined: the fast path is a few instructions (the search is out of line), and
+    /// in wasm a call costs an epoch check at function entry.
+    #[inline(always)]
     pub fn allocate_next(&mut self) -> Result<IpNet, CidrSetError> {
         let start = self.next_candidate as usize;
-        let found = self
-            .bitmap
-            .next_zero_from(start)
-            .or_else(|| self.bitmap.next_zero_from(0));
+        // Fast path, no loop and no call: a free range in the cursor's leaf word, at or after
+        // the cursor (63 allocations out of 64 when filling a set).
+        match self.bitmap.next_zero_in_word(start) {
+            // In the cursor's word, at or after it: `found - start` candidates skipped.
+            Some(found) => self.take(found, found - start),
+            None => self.allocate_next_searching(start),
+        }
+    }
+
+    /// `allocate_next` when the cursor's leaf word has no free range at or after the cursor:
+    /// through the summary levels, then around from the start.
+    #[inline(never)]
+    fn allocate_next_searching(&mut self, start: usize) -> Result<IpNet, CidrSetError> {
+        let found = match self.bitmap.next_zero_after_word(start / 64) {
+            Some(found) => Some(found),
+            None => self.bitmap.first_zero(),
+        };
         let Some(found) = found else {
             return Err(CidrSetError::Exhausted {
                 cluster: self.cluster,
             });
         };
-        let range = self.range_at(found as u32)?;
-        self.bitmap.set(found);
-        let max = self.max as usize;
         // Candidates skipped before the free one: from `start` up to `found`, around the end.
         let tries = if found >= start {
             found - start
         } else {
-            max - start + found
+            self.max as usize - start + found
         };
+        self.take(found, tries)
+    }
+
+    /// Marks the free range `found` used, found after skipping `tries` candidates, and
+    /// returns it.
+    #[inline(always)]
+    fn take(&mut self, found: usize, tries: usize) -> Result<IpNet, CidrSetError> {
+        let range = self.range_at(found as u32)?;
+        self.bitmap.set_free(found);
         self.allocation_tries += tries as u64;
         self.allocations += 1;
-        self.used += 1;
-        self.next_candidate = if found + 1 == max {
-            0
-        } else {
-            (found + 1) as u32
-        };
+        // At most `max` (2^24): see `next_candidate`.
+        self.next_candidate = (found + 1) as u32;
         Ok(range)
     }
 
@@ -168,7 +197,6 @@ impl CidrSet {
         } else {
             self.bitmap.set_range(start as usize, end as usize) as u32
         };
-        self.used += flipped;
         self.allocations += u64::from(flipped);
         Ok(())
     }
@@ -181,7 +209,6 @@ impl CidrSet {
         } else {
             self.bitmap.clear_range(start as usize, end as usize) as u32
         };
-        self.used -= flipped;
         self.releases += u64::from(flipped);
         Ok(())
     }
@@ -204,7 +231,8 @@ impl CidrSet {
 
     /// The number of node ranges in use.
     pub fn used(&self) -> u32 {
-        self.used
+        // At most `max`: each range is counted as allocated once more than released.
+        (self.allocations - self.releases) as u32
     }
 
     /// Node ranges marked used so far, by `allocate_next` or `occupy`, each counted when its
@@ -230,20 +258,23 @@ impl CidrSet {
     }
 
     /// The node range with index `index` (< `max`).
+    #[inline]
     fn range_at(&self, index: u32) -> Result<IpNet, CidrSetError> {
+        // `new` checked the node mask against the family, so `Ipv4Net::new` / `Ipv6Net::new`
+        // cannot fail. The `min`s say so to the compiler: no check and no branch left on the
+        // allocation path (they change nothing: the mask is within them).
         let net = match self.cluster {
-            IpNet::V4(cluster) => {
+            IpNet::V4(_) => {
                 let offset = index.checked_shl(self.host_bits).unwrap_or(0);
-                let addr = Ipv4Addr::from(u32::from(cluster.network()) | offset);
-                Ipv4Net::new(addr, self.node_mask_size).map(IpNet::V4)
+                let addr = Ipv4Addr::from(self.network as u32 | offset);
+                Ipv4Net::new(addr, self.node_mask_size.min(32)).map(IpNet::V4)
             }
-            IpNet::V6(cluster) => {
-                let offset = u128::from(index).checked_shl(self.host_bits).unwrap_or(0);
-                let addr = Ipv6Addr::from(u128::from(cluster.network()) | offset);
-                Ipv6Net::new(addr, self.node_mask_size).map(IpNet::V6)
+            IpNet::V6(_) => {
+                let offset = shl128(index, self.host_bits);
+                let addr = Ipv6Addr::from(self.network | offset);
+                Ipv6Net::new(addr, self.node_mask_size.min(128)).map(IpNet::V6)
             }
         };
-        // `new` checked the node mask against the family, so this error cannot happen.
         net.map_err(|_| CidrSetError::InvalidMask {
             cluster: self.cluster,
             node_mask_size: self.node_mask_size,
@@ -261,13 +292,13 @@ impl CidrSet {
         // node range holding the range's address, if the range lies inside the cluster (then
         // the top `cluster_prefix` bits of `diff` are zero and `index` is below 2^24).
         let (outside, index) = match (range, cluster) {
-            (IpNet::V4(r), IpNet::V4(c)) => {
-                let diff = u32::from(r.addr()) ^ u32::from(c.network());
+            (IpNet::V4(r), IpNet::V4(_)) => {
+                let diff = u32::from(r.addr()) ^ self.network as u32;
                 let outside = diff.checked_shr(32 - common).unwrap_or(0) != 0;
                 (outside, diff.checked_shr(self.host_bits).unwrap_or(0))
             }
-            (IpNet::V6(r), IpNet::V6(c)) => {
-                let diff = u128::from(r.addr()) ^ u128::from(c.network());
+            (IpNet::V6(r), IpNet::V6(_)) => {
+                let diff = u128::from(r.addr()) ^ self.network;
                 let outside = diff.checked_shr(128 - common).unwrap_or(0) != 0;
                 (
                     outside,
@@ -297,25 +328,38 @@ impl fmt::Debug for CidrSet {
             .field("cluster", &self.cluster)
             .field("node_mask_size", &self.node_mask_size)
             .field("max", &self.max)
-            .field("used", &self.used)
-            .field("next_candidate", &self.next_candidate)
+            .field("used", &self.used())
+            .field("next_candidate", &(self.next_candidate % self.max))
             .finish_non_exhaustive()
     }
 }
 
 /// A bitmap of `len` bits with summary levels: `levels[0]` holds the bits; in `levels[k + 1]`,
-/// bit `j` is set when word `j` of `levels[k]` is full. The last level is one word. Bits past
-/// the end of a level are kept set, so they look used and are never returned as free.
+/// bit `j` is set when word `j` of `levels[k]` is full. Level `depth - 1` is one word; the
+/// levels above it are empty. Bits past the end of a level are kept set, so they look used and
+/// are never returned as free.
+///
+/// The hot paths (`next_zero_in_word`, `set`, `clear`, `next_zero_from`) run their level loops
+/// to the constant [`MAX_LEVELS`], which the compiler unrolls: in wasm a loop header costs an
+/// epoch (deadline) check per iteration, straight-line code does not.
 #[derive(Clone)]
 struct Bitmap {
     len: usize,
-    levels: Vec<Vec<u64>>,
+    /// The levels in use: 1 to `MAX_LEVELS`.
+    depth: usize,
+    /// In the struct, not behind a second pointer: the leaf word is one load away.
+    levels: [Vec<u64>; MAX_LEVELS],
 }
 
+/// Levels of a bitmap of at most 2^24 bits (`MAX_EXTRA_BITS`): 2^18, 2^12, 2^6 words, 1 word.
+const MAX_LEVELS: usize = 4;
+
 impl Bitmap {
-    /// `len` clear bits.
+    /// `len` clear bits; `len` at most 2^24.
     fn new(len: usize) -> Self {
-        let mut levels = Vec::new();
+        assert!(len <= 1 << MAX_EXTRA_BITS, "bitmap of {len} bits");
+        let mut levels: [Vec<u64>; MAX_LEVELS] = Default::default();
+        let mut depth = 0;
         let mut bits = len;
         loop {
             let words = bits.div_ceil(64).max(1);
@@ -323,58 +367,98 @@ impl Bitmap {
             if !bits.is_multiple_of(64) || bits == 0 {
                 level[words - 1] = !0 << (bits % 64);
             }
-            levels.push(level);
+            levels[depth] = level;
+            depth += 1;
             if words == 1 {
                 break;
             }
             bits = words;
         }
-        Bitmap { len, levels }
+        Bitmap { len, depth, levels }
     }
 
     /// Sets bit `i`; returns whether it was clear.
     #[inline]
     fn set(&mut self, i: usize) -> bool {
-        let mut index = i;
-        for (level, words) in self.levels.iter_mut().enumerate() {
-            let word = &mut words[index / 64];
-            let bit = 1u64 << (index % 64);
-            if level == 0 && *word & bit != 0 {
-                return false;
-            }
-            *word |= bit;
-            if *word != !0 {
-                break;
-            }
-            index /= 64;
+        let word = &mut self.levels[0][i / 64];
+        let bit = 1u64 << (i % 64);
+        if *word & bit != 0 {
+            return false;
+        }
+        *word |= bit;
+        if *word == !0 {
+            self.mark_full(i / 64);
         }
         true
     }
 
-    /// Clears bit `i`; returns whether it was set.
-    fn clear(&mut self, i: usize) -> bool {
-        let mut index = i;
-        for (level, words) in self.levels.iter_mut().enumerate() {
-            let word = &mut words[index / 64];
-            let bit = 1u64 << (index % 64);
-            if level == 0 && *word & bit == 0 {
-                return false;
-            }
-            let was_full = *word == !0;
-            *word &= !bit;
-            if !was_full {
-                break;
+    /// Sets bit `i`, which is clear.
+    #[inline(always)]
+    fn set_free(&mut self, i: usize) {
+        let word = &mut self.levels[0][i / 64];
+        debug_assert!(*word & (1u64 << (i % 64)) == 0, "bit {i} is set");
+        *word |= 1u64 << (i % 64);
+        if *word == !0 {
+            self.mark_full(i / 64);
+        }
+    }
+
+    /// Word `index` of the leaf level has just become full: set its bit in the level above,
+    /// and so on while words fill up.
+    #[inline(never)]
+    fn mark_full(&mut self, mut index: usize) {
+        for level in 1..MAX_LEVELS {
+            // Past the top level: no word (empty level).
+            let Some(word) = self.levels[level].get_mut(index / 64) else {
+                return;
+            };
+            *word |= 1u64 << (index % 64);
+            if *word != !0 {
+                return;
             }
             index /= 64;
         }
+    }
+
+    /// Clears bit `i`; returns whether it was set.
+    #[inline]
+    fn clear(&mut self, i: usize) -> bool {
+        let word = &mut self.levels[0][i / 64];
+        let bit = 1u64 << (i % 64);
+        if *word & bit == 0 {
+            return false;
+        }
+        let was_full = *word == !0;
+        *word &= !bit;
+        if was_full {
+            self.mark_not_full(i / 64);
+        }
         true
+    }
+
+    /// Word `index` of the leaf level was full and no longer is: clear its bit in the level
+    /// above, and so on while those words were full.
+    #[inline]
+    fn mark_not_full(&mut self, mut index: usize) {
+        for level in 1..MAX_LEVELS {
+            // Past the top level: no word (empty level).
+            let Some(word) = self.levels[level].get_mut(index / 64) else {
+                return;
+            };
+            let was_full = *word == !0;
+            *word &= !(1u64 << (index % 64));
+            if !was_full {
+                return;
+            }
+            index /= 64;
+        }
     }
 
     /// Sets bits `start..end` (clamped to the length); returns how many were clear.
     fn set_range(&mut self, start: usize, end: usize) -> usize {
         let (mut lo, mut hi) = (start, end.min(self.len));
         let mut flipped = 0;
-        for (level, words) in self.levels.iter_mut().enumerate() {
+        for (level, words) in self.levels.iter_mut().take(self.depth).enumerate() {
             if lo >= hi {
                 break;
             }
@@ -397,7 +481,7 @@ impl Bitmap {
     fn clear_range(&mut self, start: usize, end: usize) -> usize {
         let (mut lo, mut hi) = (start, end.min(self.len));
         let mut flipped = 0;
-        for (level, words) in self.levels.iter_mut().enumerate() {
+        for (level, words) in self.levels.iter_mut().take(self.depth).enumerate() {
             if lo >= hi {
                 break;
             }
@@ -418,7 +502,7 @@ impl Bitmap {
     /// Whether bits `start..end` (clamped to the length) are all set.
     fn all_set(&self, start: usize, end: usize) -> bool {
         let (mut lo, mut hi) = (start, end.min(self.len));
-        for words in &self.levels {
+        for words in &self.levels[..self.depth] {
             if lo >= hi {
                 return true;
             }
@@ -436,29 +520,82 @@ impl Bitmap {
         true
     }
 
-    /// The first clear bit at or after `i`, if any (no wrap-around).
-    #[inline]
+    /// The first clear bit at or after `i` in `i`'s leaf word, if any.
+    #[inline(always)]
+    fn next_zero_in_word(&self, i: usize) -> Option<usize> {
+        let w = i / 64;
+        let word = *self.levels[0].get(w)? | ((1u64 << (i % 64)) - 1);
+        // Padding bits are set: a clear bit is below `len`.
+        (word != !0).then(|| w * 64 + word.trailing_ones() as usize)
+    }
+
+    /// The first clear bit, if any: `next_zero_from(0)`, kept out of line (wrapping around
+    /// is the rare case of `allocate_next`).
+    #[inline(never)]
+    fn first_zero(&self) -> Option<usize> {
+        self.next_zero_from(0)
+    }
+
+    /// The first clear bit at or after `i`, if any (no wrap-around). Straight-line code
+    /// (the level loop is unrolled), inlined into its callers.
+    #[inline(always)]
     fn next_zero_from(&self, i: usize) -> Option<usize> {
         if i >= self.len {
             return None;
         }
+        self.climb(0, i)
+    }
+
+    /// The first clear bit past leaf word `w` (none of its bits), if any (no wrap-around):
+    /// `next_zero_from` once `w` is known to have no clear bit at or after the start.
+    #[inline(always)]
+    fn next_zero_after_word(&self, w: usize) -> Option<usize> {
+        self.climb(1, w + 1)
+    }
+
+    /// The first clear leaf bit under bits `index..` of level `level` (those past the end of
+    /// the level excluded).
+    #[inline(always)]
+    fn climb(&self, from: usize, mut index: usize) -> Option<usize> {
         // Climb until a word has a clear bit at or after `index`, then descend taking the
         // first clear bit of each word below.
-        let mut index = i;
-        for (level, words) in self.levels.iter().enumerate() {
+        for level in from..MAX_LEVELS {
             let w = index / 64;
-            let word = *words.get(w)? | ((1u64 << (index % 64)) - 1);
+            // None past the end of the level, and past the top level (empty).
+            let word = *self.levels[level].get(w)? | ((1u64 << (index % 64)) - 1);
             if word != !0 {
-                let mut found = w * 64 + word.trailing_ones() as usize;
-                for below in self.levels[..level].iter().rev() {
-                    found = found * 64 + below[found].trailing_ones() as usize;
-                }
-                return Some(found);
+                return Some(self.descend(level, w * 64 + word.trailing_ones() as usize));
             }
             index = w + 1;
         }
         None
     }
+
+    /// From clear bit `found` of level `level` down to the first clear bit under it in the
+    /// leaf level.
+    #[inline(always)]
+    fn descend(&self, level: usize, mut found: usize) -> usize {
+        for below in (0..MAX_LEVELS - 1).rev() {
+            if below < level {
+                found = found * 64 + self.levels[below][found].trailing_ones() as usize;
+            }
+        }
+        found
+    }
+}
+
+/// `index << shift` as a u128, 0 when `shift` is 128 (as `checked_shl(..).unwrap_or(0)`),
+/// with 64-bit shifts: a u128 shift is a libcall (`__ashlti3`) in wasm32.
+#[inline(always)]
+fn shl128(index: u32, shift: u32) -> u128 {
+    let index = u64::from(index);
+    let (hi, lo) = match shift {
+        0 => (0, index),
+        1..=63 => (index >> (64 - shift), index << shift),
+        64..=127 => (index << (shift - 64), 0),
+        _ => (0, 0),
+    };
+    (u128::from(hi) << 64) | u128::from(lo)
 }
 
 /// The bits of word `w` that lie in `lo..hi` (which overlaps the word).
@@ -957,7 +1094,7 @@ mod tests {
 
     #[test]
     fn bitmap_level_count_grows_by_64() {
-        let levels = |len| Bitmap::new(len).levels.len();
+        let levels = |len| Bitmap::new(len).depth;
         assert_eq!(
             [
                 levels(1),
@@ -1000,6 +1137,12 @@ mod tests {
         assert_eq!(b.next_zero_from(0), Some(12_345_678));
         assert_eq!(b.next_zero_from(12_345_678), Some(12_345_678));
         assert_eq!(b.next_zero_from(12_345_679), None);
+        assert_eq!(b.next_zero_after_word(0), Some(12_345_678));
+        assert_eq!(
+            b.next_zero_after_word(12_345_678 / 64 - 1),
+            Some(12_345_678)
+        );
+        assert_eq!(b.next_zero_after_word(12_345_678 / 64), None);
         assert!(b.set(12_345_678));
         assert_eq!(b.next_zero_from(0), None);
         assert_eq!(b.clear_range(4096 * 64 - 3, 4096 * 64 + 2), 5);
@@ -1058,6 +1201,12 @@ mod tests {
                 prop_assert_eq!(flipped, expected, "{:?}", op);
                 for &q in queries.iter().chain([0, len.saturating_sub(1)].iter()) {
                     prop_assert_eq!(b.next_zero_from(q), naive_next_zero(&model, q), "from {}", q);
+                    let next_word = (q / 64 + 1) * 64;
+                    prop_assert_eq!(
+                        b.next_zero_after_word(q / 64),
+                        naive_next_zero(&model, next_word),
+                        "after word {}", q / 64
+                    );
                 }
             }
             for pair in queries.windows(2) {

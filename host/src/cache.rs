@@ -1,11 +1,11 @@
 //! Compile once, reuse after: a directory of precompiled components.
 //!
 //! Compiling the component takes tens of milliseconds; deserializing a precompiled artifact
-//! takes tens of microseconds. Each entry's file name is a sha256 over the component's bytes
-//! and the engine's [`Engine::precompile_compatibility_hash`] (which covers the wasmtime
+//! takes tens of microseconds. Each entry's file name is a BLAKE3 hash over the component's
+//! bytes and the engine's [`Engine::precompile_compatibility_hash`] (which covers the wasmtime
 //! version, the target, the compiler flags and the wasm features), so an engine only ever
-//! looks at artifacts it could have produced itself. An entry holds a sha256 of the artifact
-//! in its header; it is checked before the (unsafe) [`Component::deserialize`], and an entry
+//! looks at artifacts it could have produced itself. An entry holds a BLAKE3 hash of the
+//! artifact in its header; it is checked before the (unsafe) [`Component::deserialize`], and an entry
 //! that is truncated, corrupt or rejected by wasmtime is compiled again and rewritten (temp
 //! file + rename), never trusted. A cache that cannot be written is logged and skipped: the
 //! component is still compiled and returned.
@@ -16,16 +16,16 @@ use std::io::{self, Write as _};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use sha2::{Digest, Sha256};
 use wasmtime::Engine;
 use wasmtime::component::Component;
 
 use crate::error::Error;
 
-/// First bytes of every cache entry (format version 1).
-const MAGIC: &[u8; 8] = b"NIPCWSM1";
-/// Header: [`MAGIC`], then the sha256 of the artifact that follows.
-const HEADER_LEN: usize = MAGIC.len() + 32;
+/// First bytes of every cache entry, and part of every key: format version 2 (BLAKE3).
+/// Version 1 (sha256) entries have other names and another magic: never read, rebuilt.
+const MAGIC: &[u8; 8] = b"NIPCWSM2";
+/// Header: [`MAGIC`], then the BLAKE3 hash of the artifact that follows.
+const HEADER_LEN: usize = MAGIC.len() + blake3::OUT_LEN;
 
 /// Where the component came from: a cache hit, a miss, or an entry that had to be replaced.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -71,14 +71,17 @@ impl ComponentCache {
         &self.dir
     }
 
-    /// The cache key of a component for an engine: hex sha256 over the component's bytes and
-    /// the engine's compatibility hash.
+    /// The cache key of a component for an engine: hex BLAKE3 over the format's magic, the
+    /// component's length and bytes, and the engine's compatibility hash.
     pub fn key(engine: &Engine, wasm: &[u8]) -> String {
-        let mut hasher = ShaHasher(Sha256::new());
+        let mut hasher = KeyHasher(blake3::Hasher::new());
         hasher.0.update(MAGIC);
-        hasher.0.update(Sha256::digest(wasm));
+        // Length first: the component's bytes and the compatibility hash that follows them
+        // cannot be shifted into one another.
+        hasher.0.update(&(wasm.len() as u64).to_le_bytes());
+        hasher.0.update(wasm);
         engine.precompile_compatibility_hash().hash(&mut hasher);
-        hex(&hasher.0.finalize())
+        hex(hasher.0.finalize().as_bytes())
     }
 
     /// The file that holds (or would hold) the entry for this component and engine.
@@ -164,7 +167,8 @@ fn deserialize_entry(engine: &Engine, entry: &[u8]) -> Result<Component, String>
     if &header[..MAGIC.len()] != MAGIC {
         return Err("not a nodeipam cache entry (bad magic)".to_owned());
     }
-    if header[MAGIC.len()..] != Sha256::digest(artifact)[..] {
+    // `blake3::Hash` compares in constant time; the speed is what matters here.
+    if blake3::hash(artifact) != header[MAGIC.len()..] {
         return Err(format!(
             "checksum mismatch over {} bytes of artifact",
             artifact.len()
@@ -190,7 +194,7 @@ fn write_entry(dir: &Path, path: &Path, artifact: &[u8]) -> io::Result<()> {
     let written = (|| {
         let mut file = fs::File::create_new(&temp)?;
         file.write_all(MAGIC)?;
-        file.write_all(&Sha256::digest(artifact))?;
+        file.write_all(blake3::hash(artifact).as_bytes())?;
         file.write_all(artifact)?;
         file.sync_all()?;
         fs::rename(&temp, path)
@@ -212,15 +216,16 @@ fn hex(bytes: &[u8]) -> String {
         })
 }
 
-/// Feeds a [`Hash`] into sha256, so the key is stable across processes and Rust versions
+/// Feeds a [`Hash`] into BLAKE3, so the key is stable across processes and Rust versions
 /// (unlike `DefaultHasher`).
-struct ShaHasher(Sha256);
+struct KeyHasher(blake3::Hasher);
 
-impl Hasher for ShaHasher {
+impl Hasher for KeyHasher {
     fn finish(&self) -> u64 {
-        let digest = self.0.clone().finalize();
+        let digest = self.0.finalize();
+        let bytes = digest.as_bytes();
         u64::from_le_bytes([
-            digest[0], digest[1], digest[2], digest[3], digest[4], digest[5], digest[6], digest[7],
+            bytes[0], bytes[1], bytes[2], bytes[3], bytes[4], bytes[5], bytes[6], bytes[7],
         ])
     }
 
@@ -316,6 +321,24 @@ mod tests {
         let (component, outcome) = cache.load(&engine, EMPTY_COMPONENT).unwrap();
         assert_eq!(outcome, CacheOutcome::Rebuilt);
         assert_usable(&engine, &component);
+    }
+
+    #[test]
+    fn format_1_entry_is_never_read() {
+        let dir = tempfile::tempdir().unwrap();
+        let (engine, cache) = (engine(), ComponentCache::new(dir.path()));
+        cache.load(&engine, EMPTY_COMPONENT).unwrap();
+        let path = cache.entry_path(&engine, EMPTY_COMPONENT);
+        let good = fs::read(&path).unwrap();
+        // A version 1 entry (sha256 header) at this entry's name: the magic rejects it.
+        let mut old = b"NIPCWSM1".to_vec();
+        old.extend_from_slice(&[0; 32]);
+        old.extend_from_slice(&good[HEADER_LEN..]);
+        fs::write(&path, &old).unwrap();
+        let (component, outcome) = cache.load(&engine, EMPTY_COMPONENT).unwrap();
+        assert_eq!(outcome, CacheOutcome::Rebuilt);
+        assert_usable(&engine, &component);
+        assert_eq!(fs::read(&path).unwrap(), good);
     }
 
     #[test]
