@@ -8,7 +8,6 @@ extern crate alloc;
 
 pub mod cidrset;
 pub mod host;
-mod mem;
 pub mod sync;
 pub mod types;
 pub mod workload;

@@ -1,6 +1,5 @@
 //! What `no_std` on wasm32 needs: an allocator, a panic handler that traps, the canonical
-//! ABI's `cabi_realloc`, `memcpy` from the target's bundled libc, and our own `memcmp` and
-//! `bcmp` (a word at a time, `crate::mem`) in place of its byte-at-a-time ones.
+//! ABI's `cabi_realloc`, and `memcpy`/`memcmp` from the target's bundled libc.
 
 use alloc::alloc::{Layout, alloc, realloc};
 
@@ -14,28 +13,6 @@ fn panic(_: &core::panic::PanicInfo<'_>) -> ! {
 
 #[link(name = "c")]
 unsafe extern "C" {}
-
-/// C's `memcmp`, 8 bytes at a time. Defined in our object, so the linker never pulls
-/// wasi-libc's (byte-at-a-time) one from the archive. Its callers are `Ord for str` and
-/// `[u8]`: every `BTreeMap<String, _>` lookup.
-///
-/// # Safety
-/// `a .. a + n` and `b .. b + n` must be readable.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn memcmp(a: *const u8, b: *const u8, n: usize) -> i32 {
-    // SAFETY: forwarded from the caller.
-    unsafe { crate::mem::memcmp_raw(a, b, n) }
-}
-
-/// C's `bcmp` (equality only), 8 bytes at a time; as [`memcmp`].
-///
-/// # Safety
-/// `a .. a + n` and `b .. b + n` must be readable.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn bcmp(a: *const u8, b: *const u8, n: usize) -> i32 {
-    // SAFETY: forwarded from the caller.
-    unsafe { crate::mem::bcmp_raw(a, b, n) }
-}
 
 /// The canonical ABI's allocation hook: the host calls it to pass lists and strings in.
 #[unsafe(no_mangle)]
@@ -54,11 +31,7 @@ unsafe extern "C" fn cabi_realloc(
         if old_len == 0 {
             alloc(Layout::from_size_align_unchecked(new_len, align))
         } else {
-            realloc(
-                old_ptr,
-                Layout::from_size_align_unchecked(old_len, align),
-                new_len,
-            )
+            realloc(old_ptr, Layout::from_size_align_unchecked(old_len, align), new_len)
         }
     };
     if ptr.is_null() {
