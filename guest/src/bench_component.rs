@@ -1,5 +1,5 @@
-//! The benchmark component (feature `bench`): exports the allocator workloads so a host can
-//! time them inside one call. Built separately from the plugin; never shipped as it.
+//! The benchmark component (feature `bench`): exports the allocator and sync workloads so a
+//! host can time them inside one call. Built separately from the plugin; never shipped as it.
 
 use core::cell::RefCell;
 
@@ -31,6 +31,13 @@ unsafe impl Sync for State {}
 
 static STATE: State = State(RefCell::new(None));
 
+struct SyncState(RefCell<Option<workload::SyncWorkload>>);
+
+// SAFETY: as `State`.
+unsafe impl Sync for SyncState {}
+
+static SYNC: SyncState = SyncState(RefCell::new(None));
+
 impl Guest for Component {
     fn prepare(kind: Kind, extra_bits: u8, seed: u64) -> u32 {
         let (set, count) = match kind {
@@ -54,5 +61,16 @@ impl Guest for Component {
             Kind::Fragmented => u64::from(workload::fragmented_run(&mut prepared.set)),
             Kind::LastFree => workload::last_free_run(&mut prepared.set, rounds),
         }
+    }
+
+    fn prepare_sync(nodes: u32, in_sync: bool) -> bool {
+        let prepared = workload::sync_prepare(nodes, in_sync).ok();
+        let ok = prepared.is_some();
+        *SYNC.0.borrow_mut() = prepared;
+        ok
+    }
+
+    fn run_sync() -> u32 {
+        SYNC.0.borrow_mut().as_mut().map_or(0, workload::sync_run)
     }
 }

@@ -791,7 +791,33 @@ fn same_family(a: IpNet, b: IpNet) -> bool {
 }
 
 fn to_strings(ranges: &[IpNet]) -> Vec<String> {
-    ranges.iter().map(ToString::to_string).collect()
+    ranges.iter().map(|&range| cidr_string(range)).collect()
+}
+
+/// `range` as text, as its `Display` writes it. IPv4 is written directly: `core::fmt` is
+/// several times slower in wasm, and every allocation writes its range twice.
+fn cidr_string(range: IpNet) -> String {
+    let IpNet::V4(net) = range else { return range.to_string() };
+    let mut text = String::with_capacity(18);
+    for (i, octet) in net.addr().octets().into_iter().enumerate() {
+        if i > 0 {
+            text.push('.');
+        }
+        push_decimal(&mut text, octet);
+    }
+    text.push('/');
+    push_decimal(&mut text, net.prefix_len());
+    text
+}
+
+fn push_decimal(text: &mut String, value: u8) {
+    if value >= 100 {
+        text.push(char::from(b'0' + value / 100));
+    }
+    if value >= 10 {
+        text.push(char::from(b'0' + value / 10 % 10));
+    }
+    text.push(char::from(b'0' + value % 10));
 }
 
 fn join(ranges: &[IpNet]) -> String {

@@ -1,4 +1,5 @@
-//! Allocator benchmark workloads, shared by the native benchmark (`benches/alloc.rs`) and the
+//! Benchmark workloads (the allocator, and the sync state machine with its host inside the
+//! core), shared by the native benchmark (`benches/alloc.rs`) and the
 //! wasm one. Each comes as a `*_prepare` (setup, not measured) and a `*_run` (the measured
 //! part). No timing in here: callers time `*_run`.
 
@@ -7,7 +8,13 @@ use core::net::Ipv4Addr;
 
 use ipnet::{IpNet, Ipv4Net};
 
+use alloc::string::{String, ToString};
+use hashbrown::HashMap;
+
 use crate::cidrset::{CidrSet, MAX_EXTRA_BITS};
+use crate::host::{CloudAlias, Events, KubeApi};
+use crate::sync::Controller;
+use crate::types::{ClusterCidr, Config, HostError, Level, Node, SyncError, SyncMode};
 
 /// The cluster CIDR of every workload: 10.0.0.0/8.
 const CLUSTER: Ipv4Net = Ipv4Net::new_assert(Ipv4Addr::new(10, 0, 0, 0), 8);
@@ -119,6 +126,86 @@ impl SplitMix64 {
     }
 }
 
+/// The sync workloads' cluster and cloud, inside the core: every host call stays in the same
+/// build, so the wasm and the native figures time the same work (the state machine, the
+/// allocator and this map), without the component boundary.
+#[derive(Default)]
+pub struct MemoryHost {
+    /// Pod ranges and cloud alias by node name.
+    nodes: HashMap<String, (Vec<String>, Vec<String>)>,
+}
+
+impl KubeApi for MemoryHost {
+    fn get_node(&mut self, name: &str) -> Result<Node, HostError> {
+        let (pod_cidrs, _) = self.nodes.get(name).ok_or_else(|| HostError::NotFound(name.to_string()))?;
+        Ok(Node { name: name.to_string(), provider_id: None, pod_cidrs: pod_cidrs.clone() })
+    }
+
+    fn update_node_pod_cidrs(&mut self, node: &Node, cidrs: &[String]) -> Result<(), HostError> {
+        let entry = self.nodes.get_mut(&node.name).ok_or_else(|| HostError::NotFound(node.name.clone()))?;
+        entry.0 = cidrs.to_vec();
+        Ok(())
+    }
+
+    fn update_node_network_unavailable(&mut self, _: &str, _: bool) -> Result<(), HostError> {
+        Ok(())
+    }
+}
+
+impl CloudAlias for MemoryHost {
+    fn alias(&mut self, node: &Node) -> Result<Vec<String>, HostError> {
+        Ok(self.nodes.get(&node.name).map(|(_, alias)| alias.clone()).unwrap_or_default())
+    }
+
+    fn add_alias(&mut self, node: &Node, cidrs: &[String]) -> Result<(), HostError> {
+        let entry = self.nodes.get_mut(&node.name).ok_or_else(|| HostError::NotFound(node.name.clone()))?;
+        entry.1 = cidrs.to_vec();
+        Ok(())
+    }
+}
+
+impl Events for MemoryHost {
+    fn emit_node_warning(&mut self, _: &str, _: &str, _: &str) {}
+
+    fn log(&mut self, _: Level, _: &str, _: &[(&str, &str)]) {}
+}
+
+/// A controller, its in-core host and the nodes to update.
+pub struct SyncWorkload {
+    controller: Controller,
+    host: MemoryHost,
+    nodes: Vec<Node>,
+}
+
+/// `count` nodes in sync-from-cluster over 10.0.0.0/8 by /26: in sync (range equals alias)
+/// when `in_sync`, else new (no range, no alias: each update allocates and makes 4 host calls).
+pub fn sync_prepare(count: u32, in_sync: bool) -> Result<SyncWorkload, SyncError> {
+    let config = Config {
+        mode: SyncMode::SyncFromCluster,
+        cluster_cidrs: alloc::vec![ClusterCidr { cidr: "10.0.0.0/8".into(), node_mask_size: 26 }],
+        resync_ms: 0,
+        initial_retry_ms: 0,
+        max_backoff_ms: 0,
+    };
+    let mut host = MemoryHost::default();
+    let nodes: Vec<Node> = (0..count)
+        .map(|i| {
+            let name = alloc::format!("node-{i:06}");
+            let ranges = if in_sync { alloc::vec![range(18, i).to_string()] } else { Vec::new() };
+            host.nodes.insert(name.clone(), (ranges.clone(), ranges.clone()));
+            Node { name, provider_id: None, pod_cidrs: ranges }
+        })
+        .collect();
+    let controller = Controller::init(&config, &nodes, 0, &mut host)?;
+    Ok(SyncWorkload { controller, host, nodes })
+}
+
+/// Updates every node once; returns how many updates succeeded.
+pub fn sync_run(workload: &mut SyncWorkload) -> u32 {
+    let SyncWorkload { controller, host, nodes } = workload;
+    nodes.iter().filter(|node| controller.update(host, node, 1).is_ok()).count() as u32
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -164,5 +251,16 @@ mod tests {
     fn splitmix64_matches_reference_output() {
         // First output of the reference splitmix64 seeded with 0.
         assert_eq!(SplitMix64(0).next(), 0xE220_A839_7B1D_CDAF);
+    }
+
+    #[test]
+    fn sync_workloads_update_every_node() {
+        let mut in_sync = sync_prepare(100, true).unwrap();
+        assert_eq!(sync_run(&mut in_sync), 100);
+        assert_eq!(in_sync.controller.stats().allocations, 100, "occupied at init, none allocated");
+        let mut new = sync_prepare(100, false).unwrap();
+        assert_eq!(sync_run(&mut new), 100);
+        assert_eq!(new.controller.stats().sets[0].used, 100);
+        assert!(new.host.nodes.values().all(|(ranges, alias)| ranges.len() == 1 && ranges == alias));
     }
 }

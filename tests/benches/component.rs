@@ -51,6 +51,8 @@ const BATCH: usize = 10_000;
 const INIT_NODES: usize = 130_000;
 /// Allocate-and-release rounds per timed run of the single-free-range workloads.
 const ROUNDS: u32 = 100_000;
+/// Nodes of the sync workloads inside one call.
+const SYNC_NODES: u32 = 20_000;
 
 fn main() {
     let wasm = read(
@@ -85,7 +87,8 @@ fn main() {
         "figure", "wasm", "native", "ratio", "target"
     );
 
-    // `cargo bench ... -- init alloc`: only those sections (update, init, startup, alloc).
+    // `cargo bench ... -- init alloc`: only those sections (update, init, startup, alloc,
+    // inside).
     let only: Vec<String> = std::env::args()
         .skip(1)
         .filter(|a| !a.starts_with('-'))
@@ -103,6 +106,9 @@ fn main() {
     if run("alloc") {
         allocator(&bench_wasm, true);
         allocator(&bench_wasm, false);
+    }
+    if run("inside") {
+        sync_inside(&bench_wasm);
     }
 
     let _ = std::fs::remove_dir_all(&cache_dir);
@@ -532,6 +538,42 @@ fn allocator(bench_wasm: &[u8], epoch: bool) {
             Some(native_ns),
             ratio,
         );
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The sync state machine inside one call
+
+/// Node updates with the cluster and cloud inside the component (no host calls cross the
+/// boundary), beside the same workload natively: the cost of the guest's own work in wasm.
+fn sync_inside(bench_wasm: &[u8]) {
+    let mut config = wasmtime::Config::new();
+    config.epoch_interruption(true);
+    let engine = Engine::new(&config).expect("engine");
+    let component = Component::new(&engine, bench_wasm).expect("the bench component compiles");
+    let mut store = Store::new(&engine, ());
+    store.set_epoch_deadline(u64::MAX / 2);
+    let bench = Bench::instantiate(&mut store, &component, &Linker::new(&engine))
+        .expect("the bench component instantiates");
+    let w = bench.nodeipam_bench_workload();
+    for (in_sync, label) in [
+        (true, "sync inside one call: in sync, per update"),
+        (false, "sync inside one call: allocate, per update"),
+    ] {
+        let (wasm_ns, native_ns) = paired(RUNS, |_| {
+            assert!(w.call_prepare_sync(&mut store, SYNC_NODES, in_sync).expect("prepare"));
+            let start = Instant::now();
+            let done = w.call_run_sync(&mut store).expect("run");
+            let wasm = per(start.elapsed(), SYNC_NODES as usize);
+            assert_eq!(done, SYNC_NODES);
+
+            let mut native = workload::sync_prepare(SYNC_NODES, in_sync).expect("prepare");
+            let start = Instant::now();
+            let done = black_box(workload::sync_run(black_box(&mut native)));
+            assert_eq!(done, SYNC_NODES);
+            (wasm, per(start.elapsed(), SYNC_NODES as usize))
+        });
+        row(label, Some(wasm_ns), Some(native_ns), &[Target::Ratio(1.5)]);
     }
 }
 

@@ -778,3 +778,19 @@ fn a_reused_node_slot_does_not_inherit_old_queue_entries() {
     let report = c.tick(&mut world, 8 + DEFAULT_RESYNC_MS, 0);
     assert_eq!(report.resynced, 1);
 }
+
+#[test]
+fn cidr_strings_are_what_display_writes() {
+    for text in ["0.0.0.0/0", "10.0.0.0/8", "10.9.99.100/30", "255.255.255.255/32", "192.168.10.0/24", "fd00::/64", "::/0"] {
+        let range = net(text);
+        assert_eq!(cidr_string(range), range.to_string(), "{text}");
+    }
+}
+
+proptest::proptest! {
+    #[test]
+    fn every_ipv4_cidr_string_is_what_display_writes(addr: u32, prefix in 0u8..=32) {
+        let range = IpNet::V4(ipnet::Ipv4Net::new(core::net::Ipv4Addr::from(addr), prefix).unwrap());
+        proptest::prop_assert_eq!(cidr_string(range), range.to_string());
+    }
+}
