@@ -38,6 +38,13 @@ unsafe impl Sync for SyncState {}
 
 static SYNC: SyncState = SyncState(RefCell::new(None));
 
+struct InitState(RefCell<Option<workload::InitWorkload>>);
+
+// SAFETY: as `State`.
+unsafe impl Sync for InitState {}
+
+static INIT: InitState = InitState(RefCell::new(None));
+
 impl Guest for Component {
     fn prepare(kind: Kind, extra_bits: u8, seed: u64) -> u32 {
         let (set, count) = match kind {
@@ -72,5 +79,13 @@ impl Guest for Component {
 
     fn run_sync() -> u32 {
         SYNC.0.borrow_mut().as_mut().map_or(0, workload::sync_run)
+    }
+
+    fn prepare_init(nodes: u32) {
+        *INIT.0.borrow_mut() = Some(workload::init_prepare(nodes));
+    }
+
+    fn run_init() -> u32 {
+        INIT.0.borrow().as_ref().map_or(0, workload::init_run)
     }
 }

@@ -80,6 +80,38 @@ impl Backoff {
 /// A node's ranges: one per cluster CIDR, so at most two, kept inline.
 type Ranges = SmallVec<[IpNet; 2]>;
 
+/// A range as a key of integers, ordered as `IpNet` is (family, address, prefix) but compared
+/// without a byte-wise `memcmp` of addresses, which is slow in wasm.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+struct RangeKey {
+    v6: bool,
+    addr: u128,
+    prefix: u8,
+}
+
+impl RangeKey {
+    fn of(range: IpNet) -> Self {
+        Self { v6: range.addr().is_ipv6(), addr: addr_bits(range.addr()), prefix: range.prefix_len() }
+    }
+
+    /// Below every key of a range starting inside `range`.
+    fn first_of(range: IpNet) -> Self {
+        Self { prefix: 0, addr: addr_bits(range.network()), ..Self::of(range) }
+    }
+
+    /// Above every key of a range starting inside `range`.
+    fn last_of(range: IpNet) -> Self {
+        Self { prefix: u8::MAX, addr: addr_bits(range.broadcast()), ..Self::of(range) }
+    }
+}
+
+fn addr_bits(addr: core::net::IpAddr) -> u128 {
+    match addr {
+        core::net::IpAddr::V4(a) => u128::from(a.to_bits()),
+        core::net::IpAddr::V6(a) => a.to_bits(),
+    }
+}
+
 /// A node's index in the controller's table: cheap to copy, compare and queue.
 type NodeId = u32;
 
@@ -118,7 +150,7 @@ pub struct Controller {
     free: Vec<NodeId>,
     /// Which node holds each range (the allocator only knows that a range is used). Held
     /// ranges never overlap.
-    holders: BTreeMap<IpNet, NodeId>,
+    holders: BTreeMap<RangeKey, (IpNet, NodeId)>,
     /// Resync queue: a min-heap of (due, node, schedule). Rescheduling pushes a new entry and
     /// leaves the old one stale (its schedule number no longer matches the node's); stale
     /// entries are dropped when they reach the top, so the top is always live.
@@ -516,11 +548,10 @@ impl Controller {
     /// held ranges never overlap each other, so two ordered lookups find it: a held range that
     /// starts inside `range`, or the last one starting before it, if that one contains it.
     fn overlapping(&self, range: IpNet) -> Option<(IpNet, NodeId)> {
-        let first = IpNet::new(range.network(), 0).ok()?;
-        let last = IpNet::new(range.broadcast(), range.max_prefix_len()).ok()?;
-        let inside = self.holders.range(first..=last).next();
-        let before = self.holders.range(..first).next_back().filter(|(held, _)| held.contains(&range));
-        inside.or(before).map(|(&held, &holder)| (held, holder))
+        let first = RangeKey::first_of(range);
+        let inside = self.holders.range(first..=RangeKey::last_of(range)).next();
+        let before = self.holders.range(..first).next_back().filter(|(_, (held, _))| held.contains(&range));
+        inside.or(before).map(|(_, &held)| held)
     }
 
     /// At start: occupy a node's range or alias, logging (not failing) what cannot be used.
@@ -563,7 +594,7 @@ impl Controller {
 
     /// Records `range` as held by the node (the allocator already has it).
     fn hold(&mut self, id: NodeId, range: IpNet) {
-        self.holders.insert(range, id);
+        self.holders.insert(RangeKey::of(range), (range, id));
         self.nodes[id as usize].held.push(range);
     }
 
@@ -572,8 +603,9 @@ impl Controller {
     /// is left alone; one smaller than a node range frees that node range only when nothing
     /// else held lies in it).
     fn release_for(&mut self, host: &mut impl Host, id: NodeId, range: IpNet) {
-        if self.holders.get(&range) == Some(&id) {
-            self.holders.remove(&range);
+        let key = RangeKey::of(range);
+        if self.holders.get(&key).is_some_and(|&(_, holder)| holder == id) {
+            self.holders.remove(&key);
             self.nodes[id as usize].held.retain(|r| *r != range);
         }
         let Some(set) = self.sets.iter().position(|s| same_family(s.cluster(), range)) else { return };

@@ -206,6 +206,46 @@ pub fn sync_run(workload: &mut SyncWorkload) -> u32 {
     nodes.iter().filter(|node| controller.update(host, node, 1).is_ok()).count() as u32
 }
 
+/// The nodes and config of the `init` workload: `count` dual-stack nodes, each with the
+/// `i`-th /26 of 10.0.0.0/8 and the `i`-th /64 of fd00::/40.
+pub struct InitWorkload {
+    config: Config,
+    nodes: Vec<Node>,
+}
+
+/// Builds the `init` workload's nodes (not timed).
+pub fn init_prepare(count: u32) -> InitWorkload {
+    let config = Config {
+        mode: SyncMode::SyncFromCluster,
+        cluster_cidrs: alloc::vec![
+            ClusterCidr { cidr: "10.0.0.0/8".into(), node_mask_size: 26 },
+            ClusterCidr { cidr: "fd00::/40".into(), node_mask_size: 64 },
+        ],
+        resync_ms: 0,
+        initial_retry_ms: 0,
+        max_backoff_ms: 0,
+    };
+    let nodes = (0..count)
+        .map(|i| {
+            let v4 = Ipv4Addr::from(0x0A00_0000 | (i << 6));
+            let v6 = core::net::Ipv6Addr::from((0xfd00u128 << 112) | (u128::from(i) << 64));
+            Node {
+                name: alloc::format!("node-{i:06}"),
+                provider_id: None,
+                pod_cidrs: alloc::vec![alloc::format!("{v4}/26"), alloc::format!("{v6}/64")],
+            }
+        })
+        .collect();
+    InitWorkload { config, nodes }
+}
+
+/// `Controller::init` over the workload's nodes (every node has a range: no host call);
+/// returns how many node ranges are in use.
+pub fn init_run(workload: &InitWorkload) -> u32 {
+    Controller::init(&workload.config, &workload.nodes, 0, &mut MemoryHost::default())
+        .map_or(0, |c| c.stats().sets.iter().map(|s| s.used).sum())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -262,5 +302,10 @@ mod tests {
         assert_eq!(sync_run(&mut new), 100);
         assert_eq!(new.controller.stats().sets[0].used, 100);
         assert!(new.host.nodes.values().all(|(ranges, alias)| ranges.len() == 1 && ranges == alias));
+    }
+
+    #[test]
+    fn init_workload_occupies_both_families_of_every_node() {
+        assert_eq!(init_run(&init_prepare(1_000)), 2_000);
     }
 }

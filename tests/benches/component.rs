@@ -575,6 +575,24 @@ fn sync_inside(bench_wasm: &[u8]) {
         });
         row(label, Some(wasm_ns), Some(native_ns), &[Target::Ratio(1.5)]);
     }
+
+    let count = INIT_NODES as u32;
+    w.call_prepare_init(&mut store, count).expect("prepare");
+    let native = workload::init_prepare(count);
+    let (wasm_ns, native_ns) = paired(INIT_RUNS, |_| {
+        let start = Instant::now();
+        assert_eq!(w.call_run_init(&mut store).expect("run"), 2 * count);
+        let wasm = start.elapsed().as_nanos() as f64;
+        let start = Instant::now();
+        assert_eq!(black_box(workload::init_run(black_box(&native))), 2 * count);
+        (wasm, start.elapsed().as_nanos() as f64)
+    });
+    row(
+        "init 130,000 dual-stack nodes inside one call",
+        Some(wasm_ns),
+        Some(native_ns),
+        &[Target::Ratio(1.5)],
+    );
 }
 
 // ---------------------------------------------------------------------------------------------
