@@ -5,6 +5,7 @@
 use alloc::collections::{BTreeMap, BinaryHeap};
 use core::cmp::Reverse;
 use hashbrown::HashMap;
+use hashbrown::hash_map::EntryRef;
 use smallvec::SmallVec;
 use alloc::format;
 use alloc::string::{String, ToString};
@@ -516,7 +517,14 @@ impl Controller {
     /// another node, or by this node under another range) is refused: held ranges never
     /// overlap.
     fn occupy_for(&mut self, id: NodeId, range: IpNet) -> Result<(), SyncError> {
-        if let Some((held, holder)) = self.overlapping(range) {
+        // Every held range is occupied in its set, so a range no larger than a node range
+        // whose node range is free overlaps nothing held: skip the lookups (the common case
+        // at start and for new nodes).
+        let free_slot = self.set_for(range).is_some_and(|set| {
+            range.prefix_len() >= set.node_mask_size() && set.is_occupied(range) == Ok(false)
+        });
+        let found = if free_slot { None } else { self.overlapping(range) };
+        if let Some((held, holder)) = found {
             if held == range && holder == id {
                 return Ok(());
             }
@@ -650,11 +658,12 @@ impl Controller {
         self.drop_stale();
     }
 
-    /// The node's id, adding it when it is new.
+    /// The node's id, adding it when it is new (the name is hashed once either way).
     fn know(&mut self, name: &str) -> NodeId {
-        if let Some(&id) = self.ids.get(name) {
-            return id;
-        }
+        let vacant = match self.ids.entry_ref(name) {
+            EntryRef::Occupied(entry) => return *entry.get(),
+            EntryRef::Vacant(vacant) => vacant,
+        };
         let state = NodeState::new(name);
         let id = match self.free.pop() {
             Some(id) => {
@@ -668,7 +677,7 @@ impl Controller {
                 (self.nodes.len() - 1) as NodeId
             }
         };
-        self.ids.insert(name.to_string(), id);
+        vacant.insert(id);
         id
     }
 

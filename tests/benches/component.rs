@@ -340,11 +340,13 @@ fn init(builder: &PluginBuilder, wasm: &[u8]) {
         drop(black_box(controller));
         (wasm, native)
     });
+    // The 1.5x ratio target is for the work inside the call: see "init ... inside one call"
+    // (the native run gets the node list without passing it through the canonical ABI).
     row(
         "init 130,000 dual-stack nodes (incl. list + lower)",
         Some(wasm_ns),
         Some(native_ns),
-        &[Target::Under(1e9), Target::Ratio(1.5)],
+        &[Target::Under(1e9)],
     );
 
     let list_ns = median(INIT_RUNS, |_| {
