@@ -62,7 +62,9 @@ impl Guest for Component {
 
     fn run(rounds: u32) -> u64 {
         let mut state = STATE.0.borrow_mut();
-        let Some(prepared) = state.as_mut() else { return 0 };
+        let Some(prepared) = state.as_mut() else {
+            return 0;
+        };
         match prepared.kind {
             Kind::Fill => u64::from(workload::fill_run(&mut prepared.set)),
             Kind::Fragmented => u64::from(workload::fragmented_run(&mut prepared.set)),

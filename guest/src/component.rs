@@ -24,8 +24,8 @@ mod bindings {
     });
 }
 
-use bindings::nodeipam::sync::{cloud_alias, events, kube_api, log};
 use bindings::nodeipam::sync::types as wit;
+use bindings::nodeipam::sync::{cloud_alias, events, kube_api, log};
 
 struct Component;
 
@@ -71,7 +71,12 @@ impl bindings::Guest for Component {
     }
 
     fn stats() -> wit::Stats {
-        let stats = STATE.0.borrow().as_ref().map(Controller::stats).unwrap_or_default();
+        let stats = STATE
+            .0
+            .borrow()
+            .as_ref()
+            .map(Controller::stats)
+            .unwrap_or_default();
         wit::Stats {
             nodes: stats.nodes,
             sets: stats
@@ -91,7 +96,9 @@ impl bindings::Guest for Component {
     }
 }
 
-fn with_controller(f: impl FnOnce(&mut Controller) -> Result<(), SyncError>) -> Result<(), SyncError> {
+fn with_controller(
+    f: impl FnOnce(&mut Controller) -> Result<(), SyncError>,
+) -> Result<(), SyncError> {
     match STATE.0.borrow_mut().as_mut() {
         Some(controller) => f(controller),
         None => Err(SyncError::NotInitialized),
@@ -110,7 +117,11 @@ impl host::KubeApi for Imports {
         kube_api::update_node_pod_cidrs(node, cidrs)
     }
 
-    fn update_node_network_unavailable(&mut self, name: &str, unavailable: bool) -> Result<(), HostError> {
+    fn update_node_network_unavailable(
+        &mut self,
+        name: &str,
+        unavailable: bool,
+    ) -> Result<(), HostError> {
         kube_api::update_node_network_unavailable(name, unavailable)
     }
 }
@@ -137,8 +148,10 @@ impl host::Events for Imports {
             types::Level::Warn => wit::Level::Warn,
             types::Level::Error => wit::Level::Error,
         };
-        let fields: Vec<(String, String)> =
-            fields.iter().map(|(k, v)| ((*k).to_string(), (*v).to_string())).collect();
+        let fields: Vec<(String, String)> = fields
+            .iter()
+            .map(|(k, v)| ((*k).to_string(), (*v).to_string()))
+            .collect();
         log::log(level, message, &fields);
     }
 }
@@ -152,7 +165,10 @@ fn from_wit_config(config: wit::Config) -> types::Config {
         cluster_cidrs: config
             .cluster_cidrs
             .into_iter()
-            .map(|c| types::ClusterCidr { cidr: c.cidr, node_mask_size: c.node_mask_size })
+            .map(|c| types::ClusterCidr {
+                cidr: c.cidr,
+                node_mask_size: c.node_mask_size,
+            })
             .collect(),
         resync_ms: config.resync_ms,
         initial_retry_ms: config.initial_retry_ms,

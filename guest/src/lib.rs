@@ -12,10 +12,10 @@ pub mod sync;
 pub mod types;
 pub mod workload;
 
-#[cfg(all(target_arch = "wasm32", not(feature = "bench")))]
-mod component;
 #[cfg(all(target_arch = "wasm32", feature = "bench"))]
 mod bench_component;
+#[cfg(all(target_arch = "wasm32", not(feature = "bench")))]
+mod component;
 #[cfg(target_arch = "wasm32")]
 mod wasm_runtime;
 

@@ -3,22 +3,20 @@
 //! as `now_ms`, the next deadline goes out in [`TickReport`].
 
 use alloc::collections::{BTreeMap, BinaryHeap};
-use core::cmp::Reverse;
-use hashbrown::HashMap;
-use hashbrown::hash_map::EntryRef;
-use smallvec::SmallVec;
 use alloc::format;
 use alloc::string::{String, ToString};
 use alloc::vec::Vec;
+use core::cmp::Reverse;
 use core::fmt;
+use hashbrown::HashMap;
+use hashbrown::hash_map::EntryRef;
+use smallvec::SmallVec;
 
 use ipnet::IpNet;
 
 use crate::cidrset::{CidrSet, CidrSetError};
 use crate::host::Host;
-use crate::types::{
-    Config, HostError, Level, Node, Stats, SyncError, SyncMode, TickReport, Usage,
-};
+use crate::types::{Config, HostError, Level, Node, Stats, SyncError, SyncMode, TickReport, Usage};
 
 /// Warning reason: the node's range and its cloud alias differ.
 pub const REASON_MISMATCH: &str = "CloudCIDRAllocatorMismatch";
@@ -50,7 +48,11 @@ pub struct Backoff {
 
 impl Backoff {
     /// Validates the intervals; zero means the default.
-    pub fn new(resync_ms: u64, initial_retry_ms: u64, max_backoff_ms: u64) -> Result<Self, SyncError> {
+    pub fn new(
+        resync_ms: u64,
+        initial_retry_ms: u64,
+        max_backoff_ms: u64,
+    ) -> Result<Self, SyncError> {
         let or = |v: u64, d: u64| if v == 0 { d } else { v };
         let backoff = Self {
             resync_ms: or(resync_ms, DEFAULT_RESYNC_MS),
@@ -92,17 +94,29 @@ struct RangeKey {
 
 impl RangeKey {
     fn of(range: IpNet) -> Self {
-        Self { v6: range.addr().is_ipv6(), addr: addr_bits(range.addr()), prefix: range.prefix_len() }
+        Self {
+            v6: range.addr().is_ipv6(),
+            addr: addr_bits(range.addr()),
+            prefix: range.prefix_len(),
+        }
     }
 
     /// Below every key of a range starting inside `range`.
     fn first_of(range: IpNet) -> Self {
-        Self { prefix: 0, addr: addr_bits(range.network()), ..Self::of(range) }
+        Self {
+            prefix: 0,
+            addr: addr_bits(range.network()),
+            ..Self::of(range)
+        }
     }
 
     /// Above every key of a range starting inside `range`.
     fn last_of(range: IpNet) -> Self {
-        Self { prefix: u8::MAX, addr: addr_bits(range.broadcast()), ..Self::of(range) }
+        Self {
+            prefix: u8::MAX,
+            addr: addr_bits(range.broadcast()),
+            ..Self::of(range)
+        }
     }
 }
 
@@ -134,7 +148,13 @@ struct NodeState {
 
 impl NodeState {
     fn new(name: &str) -> Self {
-        Self { name: name.to_string(), held: Ranges::new(), network_pending: true, failures: 0, schedule: 0 }
+        Self {
+            name: name.to_string(),
+            held: Ranges::new(),
+            network_pending: true,
+            failures: 0,
+            schedule: 0,
+        }
     }
 }
 
@@ -224,7 +244,12 @@ impl Controller {
     }
 
     /// A node was added or changed: sync it now and reschedule it.
-    pub fn update(&mut self, host: &mut impl Host, node: &Node, now_ms: u64) -> Result<(), SyncError> {
+    pub fn update(
+        &mut self,
+        host: &mut impl Host,
+        node: &Node,
+        now_ms: u64,
+    ) -> Result<(), SyncError> {
         let id = self.know(&node.name);
         let result = self.sync(host, id, node);
         self.reschedule(id, now_ms, result.is_ok());
@@ -232,7 +257,12 @@ impl Controller {
     }
 
     /// A node was deleted: release its ranges and any range held for it, and forget it.
-    pub fn delete(&mut self, host: &mut impl Host, node: &Node, _now_ms: u64) -> Result<(), SyncError> {
+    pub fn delete(
+        &mut self,
+        host: &mut impl Host,
+        node: &Node,
+        _now_ms: u64,
+    ) -> Result<(), SyncError> {
         let name = node.name.as_str();
         let Some(&id) = self.ids.get(name) else {
             host.log(
@@ -259,13 +289,19 @@ impl Controller {
     /// Runs the resyncs due at `now_ms`, earliest first, at most `max_resyncs` (0: all).
     pub fn tick(&mut self, host: &mut impl Host, now_ms: u64, max_resyncs: u32) -> TickReport {
         let mut report = TickReport::default();
-        let limit = if max_resyncs == 0 { u32::MAX } else { max_resyncs };
+        let limit = if max_resyncs == 0 {
+            u32::MAX
+        } else {
+            max_resyncs
+        };
         while report.resynced + report.failed < limit {
             match self.queue.peek() {
                 Some(&Reverse((due, _, _))) if due <= now_ms => {}
                 _ => break,
             }
-            let Some(Reverse((_, id, _))) = self.queue.pop() else { break };
+            let Some(Reverse((_, id, _))) = self.queue.pop() else {
+                break;
+            };
             // Not queued any more until rescheduled.
             self.nodes[id as usize].schedule = self.nodes[id as usize].schedule.wrapping_add(1);
             self.drop_stale();
@@ -312,7 +348,9 @@ impl Controller {
 
     /// The ranges the controller holds for a node.
     pub fn held(&self, name: &str) -> &[IpNet] {
-        self.ids.get(name).map_or(&[], |&id| &self.nodes[id as usize].held)
+        self.ids
+            .get(name)
+            .map_or(&[], |&id| &self.nodes[id as usize].held)
     }
 
     /// Re-reads the node from the cluster and syncs it. A node the cluster no longer has is
@@ -375,7 +413,8 @@ impl Controller {
                 return Err(host_error(e));
             }
         }
-        host.update_node_pod_cidrs(node, &cidrs).map_err(host_error)?;
+        host.update_node_pod_cidrs(node, &cidrs)
+            .map_err(host_error)?;
         self.mark_network_available(host, id)
     }
 
@@ -390,11 +429,17 @@ impl Controller {
         alias: &[IpNet],
     ) -> Result<(), SyncError> {
         if self.mode == SyncMode::SyncFromCluster && !self.is_unfinished_allocation(id, alias) {
-            self.require_mode(host, node, SyncMode::SyncFromCloud, "copy the cloud alias to the node")?;
+            self.require_mode(
+                host,
+                node,
+                SyncMode::SyncFromCloud,
+                "copy the cloud alias to the node",
+            )?;
         }
         self.nodes[id as usize].network_pending = true;
         self.settle(host, id, alias)?;
-        host.update_node_pod_cidrs(node, &to_strings(alias)).map_err(host_error)?;
+        host.update_node_pod_cidrs(node, &to_strings(alias))
+            .map_err(host_error)?;
         self.mark_network_available(host, id)
     }
 
@@ -406,10 +451,16 @@ impl Controller {
         node: &Node,
         ranges: &[IpNet],
     ) -> Result<(), SyncError> {
-        self.require_mode(host, node, SyncMode::SyncFromCluster, "add the node's range as a cloud alias")?;
+        self.require_mode(
+            host,
+            node,
+            SyncMode::SyncFromCluster,
+            "add the node's range as a cloud alias",
+        )?;
         self.nodes[id as usize].network_pending = true;
         self.settle(host, id, ranges)?;
-        host.add_alias(node, &to_strings(ranges)).map_err(host_error)?;
+        host.add_alias(node, &to_strings(ranges))
+            .map_err(host_error)?;
         self.mark_network_available(host, id)
     }
 
@@ -435,7 +486,9 @@ impl Controller {
         for &range in alias {
             let usable = self.set_for(range).is_some_and(|set| set.contains(range))
                 && !keep.iter().any(|k| k.contains(&range) || range.contains(k))
-                && self.overlapping(range).is_none_or(|(held, holder)| held == range && holder == id);
+                && self
+                    .overlapping(range)
+                    .is_none_or(|(held, holder)| held == range && holder == id);
             if usable {
                 keep.push(range);
             }
@@ -454,7 +507,11 @@ impl Controller {
         Ok(())
     }
 
-    fn mark_network_available(&mut self, host: &mut impl Host, id: NodeId) -> Result<(), SyncError> {
+    fn mark_network_available(
+        &mut self,
+        host: &mut impl Host,
+        id: NodeId,
+    ) -> Result<(), SyncError> {
         let result = host.update_node_network_unavailable(self.name(id), false);
         self.nodes[id as usize].network_pending = result.is_err();
         result.map_err(host_error)
@@ -484,7 +541,9 @@ impl Controller {
     /// An alias made of node-sized ranges in the cluster CIDRs, free or held by this node.
     fn is_unfinished_allocation(&self, id: NodeId, alias: &[IpNet]) -> bool {
         alias.iter().all(|&range| {
-            let Some(set) = self.set_for(range) else { return false };
+            let Some(set) = self.set_for(range) else {
+                return false;
+            };
             if range.prefix_len() != set.node_mask_size() || !set.contains(range) {
                 return false;
             }
@@ -523,7 +582,11 @@ impl Controller {
         let free_slot = self.set_for(range).is_some_and(|set| {
             range.prefix_len() >= set.node_mask_size() && set.is_occupied(range) == Ok(false)
         });
-        let found = if free_slot { None } else { self.overlapping(range) };
+        let found = if free_slot {
+            None
+        } else {
+            self.overlapping(range)
+        };
         if let Some((held, holder)) = found {
             if held == range && holder == id {
                 return Ok(());
@@ -539,7 +602,11 @@ impl Controller {
                 quote(self.name(holder))
             )));
         }
-        let Some(set) = self.sets.iter_mut().find(|s| same_family(s.cluster(), range)) else {
+        let Some(set) = self
+            .sets
+            .iter_mut()
+            .find(|s| same_family(s.cluster(), range))
+        else {
             return Err(SyncError::InvalidCidr(format!(
                 "node {}: range {range} has no cluster cidr of its ip family",
                 quote(self.name(id))
@@ -558,7 +625,11 @@ impl Controller {
     fn overlapping(&self, range: IpNet) -> Option<(IpNet, NodeId)> {
         let first = RangeKey::first_of(range);
         let inside = self.holders.range(first..=RangeKey::last_of(range)).next();
-        let before = self.holders.range(..first).next_back().filter(|(_, (held, _))| held.contains(&range));
+        let before = self
+            .holders
+            .range(..first)
+            .next_back()
+            .filter(|(_, (held, _))| held.contains(&range));
         inside.or(before).map(|(_, &held)| held)
     }
 
@@ -584,7 +655,12 @@ impl Controller {
     /// Makes `ranges` exactly what the node holds: releases anything else held for it (a
     /// pending allocation the node or the cloud did not end up with, a range the node no
     /// longer has), then occupies them.
-    fn settle(&mut self, host: &mut impl Host, id: NodeId, ranges: &[IpNet]) -> Result<(), SyncError> {
+    fn settle(
+        &mut self,
+        host: &mut impl Host,
+        id: NodeId,
+        ranges: &[IpNet],
+    ) -> Result<(), SyncError> {
         let held = &self.nodes[id as usize].held;
         if held.len() == ranges.len() && held.iter().all(|r| ranges.contains(r)) {
             return Ok(());
@@ -612,11 +688,21 @@ impl Controller {
     /// else held lies in it).
     fn release_for(&mut self, host: &mut impl Host, id: NodeId, range: IpNet) {
         let key = RangeKey::of(range);
-        if self.holders.get(&key).is_some_and(|&(_, holder)| holder == id) {
+        if self
+            .holders
+            .get(&key)
+            .is_some_and(|&(_, holder)| holder == id)
+        {
             self.holders.remove(&key);
             self.nodes[id as usize].held.retain(|r| *r != range);
         }
-        let Some(set) = self.sets.iter().position(|s| same_family(s.cluster(), range)) else { return };
+        let Some(set) = self
+            .sets
+            .iter()
+            .position(|s| same_family(s.cluster(), range))
+        else {
+            return;
+        };
         let slot = node_range_of(range, self.sets[set].node_mask_size());
         if let Some((held, holder)) = self.overlapping(slot) {
             host.log(
@@ -653,7 +739,10 @@ impl Controller {
         let state = &mut self.nodes[id as usize];
         self.ids.remove(&state.name);
         let schedule = state.schedule.wrapping_add(1);
-        *state = NodeState { schedule, ..NodeState::new("") };
+        *state = NodeState {
+            schedule,
+            ..NodeState::new("")
+        };
         self.free.push(id);
         self.drop_stale();
     }
@@ -687,7 +776,11 @@ impl Controller {
 
     fn reschedule(&mut self, id: NodeId, now_ms: u64, ok: bool) {
         let state = &mut self.nodes[id as usize];
-        state.failures = if ok { 0 } else { state.failures.saturating_add(1) };
+        state.failures = if ok {
+            0
+        } else {
+            state.failures.saturating_add(1)
+        };
         let due = now_ms.saturating_add(self.backoff.delay_ms(state.failures));
         self.schedule_at(id, due);
     }
@@ -700,7 +793,8 @@ impl Controller {
         if self.queue.len() > 2 * self.ids.len() + 1024 {
             // Many reschedules since the stale entries last reached the top: rebuild.
             let nodes = &self.nodes;
-            self.queue.retain(|&Reverse((_, id, schedule))| nodes[id as usize].schedule == schedule);
+            self.queue
+                .retain(|&Reverse((_, id, schedule))| nodes[id as usize].schedule == schedule);
         }
     }
 
@@ -734,7 +828,11 @@ impl Controller {
         let mut ranges = Ranges::new();
         for text in texts {
             let range = parse_cidr(text).map_err(|why| {
-                SyncError::InvalidCidr(format!("node {}: {what} {}: {why}", quote(name), quote(text)))
+                SyncError::InvalidCidr(format!(
+                    "node {}: {what} {}: {why}",
+                    quote(name),
+                    quote(text)
+                ))
             })?;
             if self.set_for(range).is_none() {
                 return Err(SyncError::InvalidCidr(format!(
@@ -787,7 +885,9 @@ pub fn parse_cidr(text: &str) -> Result<IpNet, ParseError> {
     if text.is_empty() {
         return Err(ParseError::Empty);
     }
-    text.parse::<IpNet>().map(|n| n.trunc()).map_err(|_| ParseError::Malformed)
+    text.parse::<IpNet>()
+        .map(|n| n.trunc())
+        .map_err(|_| ParseError::Malformed)
 }
 
 /// Why a range did not parse.
@@ -828,7 +928,10 @@ fn node_range_of(range: IpNet, node_mask_size: u8) -> IpNet {
 }
 
 fn same_family(a: IpNet, b: IpNet) -> bool {
-    matches!((a, b), (IpNet::V4(_), IpNet::V4(_)) | (IpNet::V6(_), IpNet::V6(_)))
+    matches!(
+        (a, b),
+        (IpNet::V4(_), IpNet::V4(_)) | (IpNet::V6(_), IpNet::V6(_))
+    )
 }
 
 fn to_strings(ranges: &[IpNet]) -> Vec<String> {
@@ -838,7 +941,9 @@ fn to_strings(ranges: &[IpNet]) -> Vec<String> {
 /// `range` as text, as its `Display` writes it. IPv4 is written directly: `core::fmt` is
 /// several times slower in wasm, and every allocation writes its range twice.
 fn cidr_string(range: IpNet) -> String {
-    let IpNet::V4(net) = range else { return range.to_string() };
+    let IpNet::V4(net) = range else {
+        return range.to_string();
+    };
     let mut text = String::with_capacity(18);
     for (i, octet) in net.addr().octets().into_iter().enumerate() {
         if i > 0 {
@@ -874,7 +979,13 @@ fn mode_name(mode: SyncMode) -> &'static str {
 
 /// A host error as a sync error, its message cut to a readable length.
 fn host_error(e: HostError) -> SyncError {
-    let cut = |m: String| if m.len() <= MAX_MESSAGE { m } else { cut_to(&m, MAX_MESSAGE) };
+    let cut = |m: String| {
+        if m.len() <= MAX_MESSAGE {
+            m
+        } else {
+            cut_to(&m, MAX_MESSAGE)
+        }
+    };
     SyncError::Host(match e {
         HostError::NotFound(m) => HostError::NotFound(cut(m)),
         HostError::Conflict(m) => HostError::Conflict(cut(m)),

@@ -31,7 +31,11 @@ unsafe extern "C" fn cabi_realloc(
         if old_len == 0 {
             alloc(Layout::from_size_align_unchecked(new_len, align))
         } else {
-            realloc(old_ptr, Layout::from_size_align_unchecked(old_len, align), new_len)
+            realloc(
+                old_ptr,
+                Layout::from_size_align_unchecked(old_len, align),
+                new_len,
+            )
         }
     };
     if ptr.is_null() {

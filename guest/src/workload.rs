@@ -137,12 +137,22 @@ pub struct MemoryHost {
 
 impl KubeApi for MemoryHost {
     fn get_node(&mut self, name: &str) -> Result<Node, HostError> {
-        let (pod_cidrs, _) = self.nodes.get(name).ok_or_else(|| HostError::NotFound(name.to_string()))?;
-        Ok(Node { name: name.to_string(), provider_id: None, pod_cidrs: pod_cidrs.clone() })
+        let (pod_cidrs, _) = self
+            .nodes
+            .get(name)
+            .ok_or_else(|| HostError::NotFound(name.to_string()))?;
+        Ok(Node {
+            name: name.to_string(),
+            provider_id: None,
+            pod_cidrs: pod_cidrs.clone(),
+        })
     }
 
     fn update_node_pod_cidrs(&mut self, node: &Node, cidrs: &[String]) -> Result<(), HostError> {
-        let entry = self.nodes.get_mut(&node.name).ok_or_else(|| HostError::NotFound(node.name.clone()))?;
+        let entry = self
+            .nodes
+            .get_mut(&node.name)
+            .ok_or_else(|| HostError::NotFound(node.name.clone()))?;
         entry.0 = cidrs.to_vec();
         Ok(())
     }
@@ -154,11 +164,18 @@ impl KubeApi for MemoryHost {
 
 impl CloudAlias for MemoryHost {
     fn alias(&mut self, node: &Node) -> Result<Vec<String>, HostError> {
-        Ok(self.nodes.get(&node.name).map(|(_, alias)| alias.clone()).unwrap_or_default())
+        Ok(self
+            .nodes
+            .get(&node.name)
+            .map(|(_, alias)| alias.clone())
+            .unwrap_or_default())
     }
 
     fn add_alias(&mut self, node: &Node, cidrs: &[String]) -> Result<(), HostError> {
-        let entry = self.nodes.get_mut(&node.name).ok_or_else(|| HostError::NotFound(node.name.clone()))?;
+        let entry = self
+            .nodes
+            .get_mut(&node.name)
+            .ok_or_else(|| HostError::NotFound(node.name.clone()))?;
         entry.1 = cidrs.to_vec();
         Ok(())
     }
@@ -182,7 +199,10 @@ pub struct SyncWorkload {
 pub fn sync_prepare(count: u32, in_sync: bool) -> Result<SyncWorkload, SyncError> {
     let config = Config {
         mode: SyncMode::SyncFromCluster,
-        cluster_cidrs: alloc::vec![ClusterCidr { cidr: "10.0.0.0/8".into(), node_mask_size: 26 }],
+        cluster_cidrs: alloc::vec![ClusterCidr {
+            cidr: "10.0.0.0/8".into(),
+            node_mask_size: 26
+        }],
         resync_ms: 0,
         initial_retry_ms: 0,
         max_backoff_ms: 0,
@@ -191,19 +211,39 @@ pub fn sync_prepare(count: u32, in_sync: bool) -> Result<SyncWorkload, SyncError
     let nodes: Vec<Node> = (0..count)
         .map(|i| {
             let name = alloc::format!("node-{i:06}");
-            let ranges = if in_sync { alloc::vec![range(18, i).to_string()] } else { Vec::new() };
-            host.nodes.insert(name.clone(), (ranges.clone(), ranges.clone()));
-            Node { name, provider_id: None, pod_cidrs: ranges }
+            let ranges = if in_sync {
+                alloc::vec![range(18, i).to_string()]
+            } else {
+                Vec::new()
+            };
+            host.nodes
+                .insert(name.clone(), (ranges.clone(), ranges.clone()));
+            Node {
+                name,
+                provider_id: None,
+                pod_cidrs: ranges,
+            }
         })
         .collect();
     let controller = Controller::init(&config, &nodes, 0, &mut host)?;
-    Ok(SyncWorkload { controller, host, nodes })
+    Ok(SyncWorkload {
+        controller,
+        host,
+        nodes,
+    })
 }
 
 /// Updates every node once; returns how many updates succeeded.
 pub fn sync_run(workload: &mut SyncWorkload) -> u32 {
-    let SyncWorkload { controller, host, nodes } = workload;
-    nodes.iter().filter(|node| controller.update(host, node, 1).is_ok()).count() as u32
+    let SyncWorkload {
+        controller,
+        host,
+        nodes,
+    } = workload;
+    nodes
+        .iter()
+        .filter(|node| controller.update(host, node, 1).is_ok())
+        .count() as u32
 }
 
 /// The nodes and config of the `init` workload: `count` dual-stack nodes, each with the
@@ -218,8 +258,14 @@ pub fn init_prepare(count: u32) -> InitWorkload {
     let config = Config {
         mode: SyncMode::SyncFromCluster,
         cluster_cidrs: alloc::vec![
-            ClusterCidr { cidr: "10.0.0.0/8".into(), node_mask_size: 26 },
-            ClusterCidr { cidr: "fd00::/40".into(), node_mask_size: 64 },
+            ClusterCidr {
+                cidr: "10.0.0.0/8".into(),
+                node_mask_size: 26
+            },
+            ClusterCidr {
+                cidr: "fd00::/40".into(),
+                node_mask_size: 64
+            },
         ],
         resync_ms: 0,
         initial_retry_ms: 0,
@@ -242,8 +288,13 @@ pub fn init_prepare(count: u32) -> InitWorkload {
 /// `Controller::init` over the workload's nodes (every node has a range: no host call);
 /// returns how many node ranges are in use.
 pub fn init_run(workload: &InitWorkload) -> u32 {
-    Controller::init(&workload.config, &workload.nodes, 0, &mut MemoryHost::default())
-        .map_or(0, |c| c.stats().sets.iter().map(|s| s.used).sum())
+    Controller::init(
+        &workload.config,
+        &workload.nodes,
+        0,
+        &mut MemoryHost::default(),
+    )
+    .map_or(0, |c| c.stats().sets.iter().map(|s| s.used).sum())
 }
 
 #[cfg(test)]
@@ -297,11 +348,20 @@ mod tests {
     fn sync_workloads_update_every_node() {
         let mut in_sync = sync_prepare(100, true).unwrap();
         assert_eq!(sync_run(&mut in_sync), 100);
-        assert_eq!(in_sync.controller.stats().allocations, 100, "occupied at init, none allocated");
+        assert_eq!(
+            in_sync.controller.stats().allocations,
+            100,
+            "occupied at init, none allocated"
+        );
         let mut new = sync_prepare(100, false).unwrap();
         assert_eq!(sync_run(&mut new), 100);
         assert_eq!(new.controller.stats().sets[0].used, 100);
-        assert!(new.host.nodes.values().all(|(ranges, alias)| ranges.len() == 1 && ranges == alias));
+        assert!(
+            new.host
+                .nodes
+                .values()
+                .all(|(ranges, alias)| ranges.len() == 1 && ranges == alias)
+        );
     }
 
     #[test]

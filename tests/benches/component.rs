@@ -563,7 +563,10 @@ fn sync_inside(bench_wasm: &[u8]) {
         (false, "sync inside one call: allocate, per update"),
     ] {
         let (wasm_ns, native_ns) = paired(RUNS, |_| {
-            assert!(w.call_prepare_sync(&mut store, SYNC_NODES, in_sync).expect("prepare"));
+            assert!(
+                w.call_prepare_sync(&mut store, SYNC_NODES, in_sync)
+                    .expect("prepare")
+            );
             let start = Instant::now();
             let done = w.call_run_sync(&mut store).expect("run");
             let wasm = per(start.elapsed(), SYNC_NODES as usize);

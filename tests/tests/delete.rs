@@ -178,11 +178,12 @@ fn deleting_a_node_whose_object_claims_another_nodes_range_keeps_that_range() {
     // b's own range (held for b) is released; a's is not.
     assert_eq!((stats.nodes, used(&stats), stats.releases), (1, 1, 1));
     assert!(
-        logs.iter()
-            .any(|l| l.message == "not releasing a range that another held range uses"
+        logs.iter().any(
+            |l| l.message == "not releasing a range that another held range uses"
                 && l.fields.contains("node=\"b\"")
                 && l.fields.contains("range=10.0.0.0/24")
-                && l.fields.contains("holder=\"a\"")),
+                && l.fields.contains("holder=\"a\"")
+        ),
         "{logs:?}"
     );
     plugin.backends_mut().add_node(Node::new("c", &[]));
