@@ -148,9 +148,15 @@ impl Update {
         }
     }
 
-    /// The node's pod ranges and its alias before the update.
-    fn state(self, i: usize) -> (Vec<String>, Vec<String>) {
-        let ranges = || vec![v4(i), v6(i)];
+    /// The node's pod ranges and its alias before the update: one range, or one per family.
+    fn state(self, i: usize, dual: bool) -> (Vec<String>, Vec<String>) {
+        let ranges = || {
+            if dual {
+                vec![v4(i), v6(i)]
+            } else {
+                vec![v4(i)]
+            }
+        };
         match self {
             Self::Allocate => (vec![], vec![]),
             Self::CopyAlias => (vec![], ranges()),
@@ -165,11 +171,11 @@ impl Update {
     }
 
     /// The cluster before the batch, and the nodes `update` is given.
-    fn fixture(self) -> (Lean, Vec<Node>) {
+    fn fixture(self, dual: bool) -> (Lean, Vec<Node>) {
         let mut lean = Lean::default();
         let mut nodes = Vec::with_capacity(BATCH);
         for i in 0..BATCH {
-            let (pod_cidrs, alias) = self.state(i);
+            let (pod_cidrs, alias) = self.state(i, dual);
             let node = Node {
                 name: name(i),
                 provider_id: None,
@@ -187,14 +193,21 @@ fn updates(builder: &PluginBuilder, wasm: &[u8]) {
         .clone()
         .load_bytes(wasm, Lean::default())
         .expect("loads");
-    for kind in [
-        Update::Allocate,
-        Update::CopyAlias,
-        Update::PushRange,
-        Update::InSync,
-    ] {
-        let config = dual_stack(kind.mode());
-        let (lean, nodes) = kind.fixture();
+    for (kind, dual) in [false, true].into_iter().flat_map(|dual| {
+        [
+            Update::Allocate,
+            Update::CopyAlias,
+            Update::PushRange,
+            Update::InSync,
+        ]
+        .map(|kind| (kind, dual))
+    }) {
+        let config = if dual {
+            dual_stack(kind.mode())
+        } else {
+            single_stack(kind.mode())
+        };
+        let (lean, nodes) = kind.fixture(dual);
         let guest_config = to_guest_config(&config);
         let guest_nodes: Vec<guest::Node> = nodes.iter().map(to_guest_node).collect();
         let mut calls = 0.0;
@@ -238,7 +251,8 @@ fn updates(builder: &PluginBuilder, wasm: &[u8]) {
         });
         row(
             &format!(
-                "update: {} ({calls} host call{})",
+                "update, {}: {} ({calls} host call{})",
+                if dual { "dual-stack" } else { "single-stack" },
                 kind.label(),
                 if calls == 1.0 { "" } else { "s" }
             ),
@@ -264,7 +278,7 @@ fn updates(builder: &PluginBuilder, wasm: &[u8]) {
     );
 
     // The same allocate batch with MockCluster, which records every call.
-    let (_, nodes) = Update::Allocate.fixture();
+    let (_, nodes) = Update::Allocate.fixture(true);
     let mock = MockCluster::new().with_nodes(nodes.iter().cloned());
     let mut plugin = builder
         .clone()
@@ -281,7 +295,7 @@ fn updates(builder: &PluginBuilder, wasm: &[u8]) {
         per(start.elapsed(), BATCH)
     });
     row(
-        "update: allocate, MockCluster backend instead",
+        "update, dual-stack: allocate, MockCluster backend",
         Some(mock_ns),
         None,
         &[Target::Under(3_000.0)],
@@ -817,6 +831,11 @@ impl guest::Events for Noop {
 // Fixtures and conversions
 
 /// 10.0.0.0/8 by /26 (262,144 ranges) and fd00::/40 by /64 (16,777,216 ranges).
+/// 10.0.0.0/8 by /26 (262,144 ranges).
+fn single_stack(mode: SyncMode) -> Config {
+    Config::new(mode, vec![ClusterCidr::new("10.0.0.0/8", 26)])
+}
+
 fn dual_stack(mode: SyncMode) -> Config {
     Config::new(
         mode,
