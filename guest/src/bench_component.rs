@@ -72,8 +72,8 @@ impl Guest for Component {
         }
     }
 
-    fn prepare_sync(nodes: u32, in_sync: bool) -> bool {
-        let prepared = workload::sync_prepare(nodes, in_sync).ok();
+    fn prepare_sync(nodes: u32, in_sync: bool, dual_stack: bool) -> bool {
+        let prepared = workload::sync_prepare(nodes, in_sync, dual_stack).ok();
         let ok = prepared.is_some();
         *SYNC.0.borrow_mut() = prepared;
         ok

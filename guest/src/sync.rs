@@ -377,6 +377,8 @@ impl Controller {
     fn sync(&mut self, host: &mut impl Host, id: NodeId, node: &Node) -> Result<(), SyncError> {
         let ranges = self.parse_ranges(&node.name, "pod range", &node.pod_cidrs)?;
         let alias = match host.alias(node) {
+            // The same texts as the node's: the same ranges (the common, in-sync case).
+            Ok(alias) if alias == node.pod_cidrs => ranges.clone(),
             Ok(alias) => self.parse_ranges(&node.name, "cloud alias", &alias)?,
             Err(HostError::NotFound(_)) => Ranges::new(),
             Err(e) => return Err(host_error(e)),
@@ -938,22 +940,74 @@ fn to_strings(ranges: &[IpNet]) -> Vec<String> {
     ranges.iter().map(|&range| cidr_string(range)).collect()
 }
 
-/// `range` as text, as its `Display` writes it. IPv4 is written directly: `core::fmt` is
-/// several times slower in wasm, and every allocation writes its range twice.
+/// `range` as text, as its `Display` writes it, written directly: `core::fmt` is several times
+/// slower in wasm, and every allocation writes its ranges twice.
 fn cidr_string(range: IpNet) -> String {
-    let IpNet::V4(net) = range else {
-        return range.to_string();
-    };
-    let mut text = String::with_capacity(18);
-    for (i, octet) in net.addr().octets().into_iter().enumerate() {
+    let mut text = String::with_capacity(48);
+    match range {
+        IpNet::V4(net) => push_ipv4(&mut text, net.addr().octets()),
+        IpNet::V6(net) => push_ipv6(&mut text, net.addr()),
+    }
+    text.push('/');
+    push_decimal(&mut text, range.prefix_len());
+    text
+}
+
+fn push_ipv4(text: &mut String, octets: [u8; 4]) {
+    for (i, octet) in octets.into_iter().enumerate() {
         if i > 0 {
             text.push('.');
         }
-        push_decimal(&mut text, octet);
+        push_decimal(text, octet);
     }
-    text.push('/');
-    push_decimal(&mut text, net.prefix_len());
-    text
+}
+
+/// RFC 5952 text, as `Ipv6Addr`'s `Display`: lower-case hex groups without leading zeros, the
+/// longest run of two or more zero groups (the first on a tie) as `::`, and IPv4-mapped
+/// addresses as `::ffff:a.b.c.d`.
+fn push_ipv6(text: &mut String, addr: core::net::Ipv6Addr) {
+    if let Some(v4) = addr.to_ipv4_mapped() {
+        text.push_str("::ffff:");
+        push_ipv4(text, v4.octets());
+        return;
+    }
+    let groups = addr.segments();
+    let (mut zeros_at, mut zeros_len) = (0, 0);
+    let mut i = 0;
+    while i < groups.len() {
+        let run = groups[i..].iter().take_while(|&&g| g == 0).count();
+        if run > zeros_len {
+            (zeros_at, zeros_len) = (i, run);
+        }
+        i += run.max(1);
+    }
+    let push_groups = |text: &mut String, groups: &[u16]| {
+        for (i, &group) in groups.iter().enumerate() {
+            if i > 0 {
+                text.push(':');
+            }
+            push_hex(text, group);
+        }
+    };
+    if zeros_len > 1 {
+        push_groups(text, &groups[..zeros_at]);
+        text.push_str("::");
+        push_groups(text, &groups[zeros_at + zeros_len..]);
+    } else {
+        push_groups(text, &groups);
+    }
+}
+
+fn push_hex(text: &mut String, group: u16) {
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    let mut started = false;
+    for shift in [12, 8, 4, 0] {
+        let digit = usize::from((group >> shift) & 0xf);
+        if digit != 0 || started || shift == 0 {
+            text.push(char::from(DIGITS[digit]));
+            started = true;
+        }
+    }
 }
 
 fn push_decimal(text: &mut String, value: u8) {

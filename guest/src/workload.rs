@@ -194,25 +194,20 @@ pub struct SyncWorkload {
     nodes: Vec<Node>,
 }
 
-/// `count` nodes in sync-from-cluster over 10.0.0.0/8 by /26: in sync (range equals alias)
-/// when `in_sync`, else new (no range, no alias: each update allocates and makes 4 host calls).
-pub fn sync_prepare(count: u32, in_sync: bool) -> Result<SyncWorkload, SyncError> {
-    let config = Config {
-        mode: SyncMode::SyncFromCluster,
-        cluster_cidrs: alloc::vec![ClusterCidr {
-            cidr: "10.0.0.0/8".into(),
-            node_mask_size: 26
-        }],
-        resync_ms: 0,
-        initial_retry_ms: 0,
-        max_backoff_ms: 0,
-    };
+/// `count` nodes in sync-from-cluster over 10.0.0.0/8 by /26 (and fd00::/40 by /64 when
+/// `dual_stack`): in sync (ranges equal alias) when `in_sync`, else new (no range, no alias:
+/// each update allocates and makes 4 host calls).
+pub fn sync_prepare(
+    count: u32,
+    in_sync: bool,
+    dual_stack: bool,
+) -> Result<SyncWorkload, SyncError> {
     let mut host = MemoryHost::default();
     let nodes: Vec<Node> = (0..count)
         .map(|i| {
             let name = alloc::format!("node-{i:06}");
             let ranges = if in_sync {
-                alloc::vec![range(18, i).to_string()]
+                node_ranges(i, dual_stack)
             } else {
                 Vec::new()
             };
@@ -225,12 +220,44 @@ pub fn sync_prepare(count: u32, in_sync: bool) -> Result<SyncWorkload, SyncError
             }
         })
         .collect();
-    let controller = Controller::init(&config, &nodes, 0, &mut host)?;
+    let controller = Controller::init(&cluster_config(dual_stack), &nodes, 0, &mut host)?;
     Ok(SyncWorkload {
         controller,
         host,
         nodes,
     })
+}
+
+/// sync-from-cluster over 10.0.0.0/8 by /26, and fd00::/40 by /64 when `dual_stack`.
+fn cluster_config(dual_stack: bool) -> Config {
+    let mut cluster_cidrs = alloc::vec![ClusterCidr {
+        cidr: "10.0.0.0/8".into(),
+        node_mask_size: 26,
+    }];
+    if dual_stack {
+        cluster_cidrs.push(ClusterCidr {
+            cidr: "fd00::/40".into(),
+            node_mask_size: 64,
+        });
+    }
+    Config {
+        mode: SyncMode::SyncFromCluster,
+        cluster_cidrs,
+        resync_ms: 0,
+        initial_retry_ms: 0,
+        max_backoff_ms: 0,
+    }
+}
+
+/// Node `i`'s ranges: the `i`-th /26 of 10.0.0.0/8, and the `i`-th /64 of fd00::/40.
+fn node_ranges(i: u32, dual_stack: bool) -> Vec<String> {
+    let v4 = Ipv4Addr::from(0x0A00_0000 | (i << 6));
+    let mut ranges = alloc::vec![alloc::format!("{v4}/26")];
+    if dual_stack {
+        let v6 = core::net::Ipv6Addr::from((0xfd00u128 << 112) | (u128::from(i) << 64));
+        ranges.push(alloc::format!("{v6}/64"));
+    }
+    ranges
 }
 
 /// Updates every node once; returns how many updates succeeded.
@@ -255,34 +282,17 @@ pub struct InitWorkload {
 
 /// Builds the `init` workload's nodes (not timed).
 pub fn init_prepare(count: u32) -> InitWorkload {
-    let config = Config {
-        mode: SyncMode::SyncFromCluster,
-        cluster_cidrs: alloc::vec![
-            ClusterCidr {
-                cidr: "10.0.0.0/8".into(),
-                node_mask_size: 26
-            },
-            ClusterCidr {
-                cidr: "fd00::/40".into(),
-                node_mask_size: 64
-            },
-        ],
-        resync_ms: 0,
-        initial_retry_ms: 0,
-        max_backoff_ms: 0,
-    };
     let nodes = (0..count)
-        .map(|i| {
-            let v4 = Ipv4Addr::from(0x0A00_0000 | (i << 6));
-            let v6 = core::net::Ipv6Addr::from((0xfd00u128 << 112) | (u128::from(i) << 64));
-            Node {
-                name: alloc::format!("node-{i:06}"),
-                provider_id: None,
-                pod_cidrs: alloc::vec![alloc::format!("{v4}/26"), alloc::format!("{v6}/64")],
-            }
+        .map(|i| Node {
+            name: alloc::format!("node-{i:06}"),
+            provider_id: None,
+            pod_cidrs: node_ranges(i, true),
         })
         .collect();
-    InitWorkload { config, nodes }
+    InitWorkload {
+        config: cluster_config(true),
+        nodes,
+    }
 }
 
 /// `Controller::init` over the workload's nodes (every node has a range: no host call);
@@ -346,22 +356,26 @@ mod tests {
 
     #[test]
     fn sync_workloads_update_every_node() {
-        let mut in_sync = sync_prepare(100, true).unwrap();
+        let mut in_sync = sync_prepare(100, true, true).unwrap();
         assert_eq!(sync_run(&mut in_sync), 100);
         assert_eq!(
             in_sync.controller.stats().allocations,
-            100,
-            "occupied at init, none allocated"
+            200,
+            "both families occupied at init, none allocated"
         );
-        let mut new = sync_prepare(100, false).unwrap();
+        let mut new = sync_prepare(100, false, true).unwrap();
         assert_eq!(sync_run(&mut new), 100);
-        assert_eq!(new.controller.stats().sets[0].used, 100);
+        let used: Vec<u32> = new.controller.stats().sets.iter().map(|s| s.used).collect();
+        assert_eq!(used, [100, 100]);
         assert!(
             new.host
                 .nodes
                 .values()
-                .all(|(ranges, alias)| ranges.len() == 1 && ranges == alias)
+                .all(|(ranges, alias)| ranges.len() == 2 && ranges == alias)
         );
+        let mut single = sync_prepare(100, false, false).unwrap();
+        assert_eq!(sync_run(&mut single), 100);
+        assert_eq!(single.controller.stats().sets.len(), 1);
     }
 
     #[test]

@@ -572,13 +572,15 @@ fn sync_inside(bench_wasm: &[u8]) {
     let bench = Bench::instantiate(&mut store, &component, &Linker::new(&engine))
         .expect("the bench component instantiates");
     let w = bench.nodeipam_bench_workload();
-    for (in_sync, label) in [
-        (true, "sync inside one call: in sync, per update"),
-        (false, "sync inside one call: allocate, per update"),
+    for (in_sync, dual, label) in [
+        (true, false, "inside one call, single-stack: in sync"),
+        (false, false, "inside one call, single-stack: allocate"),
+        (true, true, "inside one call, dual-stack: in sync"),
+        (false, true, "inside one call, dual-stack: allocate"),
     ] {
         let (wasm_ns, native_ns) = paired(RUNS, |_| {
             assert!(
-                w.call_prepare_sync(&mut store, SYNC_NODES, in_sync)
+                w.call_prepare_sync(&mut store, SYNC_NODES, in_sync, dual)
                     .expect("prepare")
             );
             let start = Instant::now();
@@ -586,7 +588,7 @@ fn sync_inside(bench_wasm: &[u8]) {
             let wasm = per(start.elapsed(), SYNC_NODES as usize);
             assert_eq!(done, SYNC_NODES);
 
-            let mut native = workload::sync_prepare(SYNC_NODES, in_sync).expect("prepare");
+            let mut native = workload::sync_prepare(SYNC_NODES, in_sync, dual).expect("prepare");
             let start = Instant::now();
             let done = black_box(workload::sync_run(black_box(&mut native)));
             assert_eq!(done, SYNC_NODES);

@@ -1038,6 +1038,14 @@ fn cidr_strings_are_what_display_writes() {
         "192.168.10.0/24",
         "fd00::/64",
         "::/0",
+        "::1/128",
+        "::ffff:10.1.2.3/128",
+        "::10.1.2.3/128",
+        "1:0:0:1::/64",
+        "1::1:0:0:1/128",
+        "fd00:0:0:1::/64",
+        "fe80::1:2:3:4/128",
+        "1:2:3:4:5:6:7:8/128",
     ] {
         let range = net(text);
         assert_eq!(cidr_string(range), range.to_string(), "{text}");
@@ -1048,6 +1056,21 @@ proptest::proptest! {
     #[test]
     fn every_ipv4_cidr_string_is_what_display_writes(addr: u32, prefix in 0u8..=32) {
         let range = IpNet::V4(ipnet::Ipv4Net::new(core::net::Ipv4Addr::from(addr), prefix).unwrap());
+        proptest::prop_assert_eq!(cidr_string(range), range.to_string());
+    }
+
+    #[test]
+    fn every_ipv6_cidr_string_is_what_display_writes(
+        // Zero groups are common (runs to compress, ties, IPv4-mapped and -compatible forms).
+        groups in proptest::array::uniform8(proptest::prop_oneof![
+            proptest::strategy::Just(0u16),
+            proptest::strategy::Just(0xffffu16),
+            proptest::num::u16::ANY,
+        ]),
+        prefix in 0u8..=128,
+    ) {
+        let addr = core::net::Ipv6Addr::from(groups);
+        let range = IpNet::V6(ipnet::Ipv6Net::new(addr, prefix).unwrap());
         proptest::prop_assert_eq!(cidr_string(range), range.to_string());
     }
 }
