@@ -153,6 +153,11 @@ impl PluginBuilder {
             instance: None,
             config: None,
             last_now_ms: 0,
+            arg: wit::Node {
+                name: String::new(),
+                provider_id: None,
+                pod_cidrs: Vec::new(),
+            },
             recoveries: 0,
             _ticker: ticker,
         };
@@ -175,6 +180,8 @@ pub struct Plugin<B: Backends> {
     config: Option<Config>,
     /// The latest `now_ms` seen, for re-initialising outside a timed call (`stats`).
     last_now_ms: u64,
+    /// The node argument of `update` and `delete`, reused: copying into it keeps its buffers.
+    arg: wit::Node,
     recoveries: u64,
     _ticker: EpochTicker,
 }
@@ -224,21 +231,40 @@ impl<B: Backends> Plugin<B> {
     /// A node was added or changed: sync it now and reschedule it.
     pub fn update(&mut self, node: &Node, now_ms: u64) -> Result<(), Error> {
         self.last_now_ms = now_ms;
-        let node = wit::Node::from(node);
-        self.call("update", |instance, store| {
-            instance.call_update(store, &node, now_ms)
-        })?
-        .map_err(|e| Error::Sync(e.into()))
+        let arg = self.node_arg(node);
+        let result = self.call("update", |instance, store| {
+            instance.call_update(store, &arg, now_ms)
+        });
+        self.arg = arg;
+        result?.map_err(|e| Error::Sync(e.into()))
     }
 
     /// A node was deleted: release its ranges and forget it.
     pub fn delete(&mut self, node: &Node, now_ms: u64) -> Result<(), Error> {
         self.last_now_ms = now_ms;
-        let node = wit::Node::from(node);
-        self.call("delete", |instance, store| {
-            instance.call_delete(store, &node, now_ms)
-        })?
-        .map_err(|e| Error::Sync(e.into()))
+        let arg = self.node_arg(node);
+        let result = self.call("delete", |instance, store| {
+            instance.call_delete(store, &arg, now_ms)
+        });
+        self.arg = arg;
+        result?.map_err(|e| Error::Sync(e.into()))
+    }
+
+    /// `node` as the WIT record, copied into the reused argument (no allocation once its
+    /// buffers are large enough: an export call per node event is the hot path).
+    fn node_arg(&mut self, node: &Node) -> wit::Node {
+        let mut arg = std::mem::replace(
+            &mut self.arg,
+            wit::Node {
+                name: String::new(),
+                provider_id: None,
+                pod_cidrs: Vec::new(),
+            },
+        );
+        arg.name.clone_from(&node.name);
+        arg.provider_id.clone_from(&node.provider_id);
+        arg.pod_cidrs.clone_from(&node.pod_cidrs);
+        arg
     }
 
     /// Run the resyncs due at `now_ms`, earliest first, at most `max_resyncs` (0: no limit).
