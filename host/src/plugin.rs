@@ -63,6 +63,15 @@ impl Limits {
 }
 
 /// The engine configuration every plugin (and the cache key) uses.
+/// A WIT node with nothing in it (the generated record has no `Default`).
+fn empty_node() -> wit::Node {
+    wit::Node {
+        name: String::new(),
+        provider_id: None,
+        pod_cidrs: Vec::new(),
+    }
+}
+
 pub(crate) fn engine_config() -> wasmtime::Config {
     let mut config = wasmtime::Config::new();
     config.epoch_interruption(true);
@@ -153,11 +162,7 @@ impl PluginBuilder {
             instance: None,
             config: None,
             last_now_ms: 0,
-            arg: wit::Node {
-                name: String::new(),
-                provider_id: None,
-                pod_cidrs: Vec::new(),
-            },
+            arg: empty_node(),
             recoveries: 0,
             _ticker: ticker,
         };
@@ -230,41 +235,39 @@ impl<B: Backends> Plugin<B> {
 
     /// A node was added or changed: sync it now and reschedule it.
     pub fn update(&mut self, node: &Node, now_ms: u64) -> Result<(), Error> {
-        self.last_now_ms = now_ms;
-        let arg = self.node_arg(node);
-        let result = self.call("update", |instance, store| {
-            instance.call_update(store, &arg, now_ms)
-        });
-        self.arg = arg;
-        result?.map_err(|e| Error::Sync(e.into()))
+        self.node_call("update", node, now_ms, |instance, store, arg| {
+            instance.call_update(store, arg, now_ms)
+        })
     }
 
     /// A node was deleted: release its ranges and forget it.
     pub fn delete(&mut self, node: &Node, now_ms: u64) -> Result<(), Error> {
-        self.last_now_ms = now_ms;
-        let arg = self.node_arg(node);
-        let result = self.call("delete", |instance, store| {
-            instance.call_delete(store, &arg, now_ms)
-        });
-        self.arg = arg;
-        result?.map_err(|e| Error::Sync(e.into()))
+        self.node_call("delete", node, now_ms, |instance, store, arg| {
+            instance.call_delete(store, arg, now_ms)
+        })
     }
 
-    /// `node` as the WIT record, copied into the reused argument (no allocation once its
-    /// buffers are large enough: an export call per node event is the hot path).
-    fn node_arg(&mut self, node: &Node) -> wit::Node {
-        let mut arg = std::mem::replace(
-            &mut self.arg,
-            wit::Node {
-                name: String::new(),
-                provider_id: None,
-                pod_cidrs: Vec::new(),
-            },
-        );
+    /// Calls an export that takes a node. The node is copied into a kept WIT record
+    /// (`clone_from` reuses its buffers): an export call per node event is the hot path.
+    fn node_call(
+        &mut self,
+        export: &'static str,
+        node: &Node,
+        now_ms: u64,
+        f: impl FnOnce(
+            &Nodeipam,
+            &mut Store<HostState<B>>,
+            &wit::Node,
+        ) -> wasmtime::Result<Result<(), wit::SyncError>>,
+    ) -> Result<(), Error> {
+        self.last_now_ms = now_ms;
+        let mut arg = std::mem::replace(&mut self.arg, empty_node());
         arg.name.clone_from(&node.name);
         arg.provider_id.clone_from(&node.provider_id);
         arg.pod_cidrs.clone_from(&node.pod_cidrs);
-        arg
+        let result = self.call(export, |instance, store| f(instance, store, &arg));
+        self.arg = arg;
+        result?.map_err(|e| Error::Sync(e.into()))
     }
 
     /// Run the resyncs due at `now_ms`, earliest first, at most `max_resyncs` (0: no limit).

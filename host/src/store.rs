@@ -714,11 +714,7 @@ impl Store {
         let current = current.ok_or(SetError::NotFound)?;
         let current = decode_list(&path, "pod_cidrs", name, &current)?;
         if !current.is_empty() {
-            return if same_set(&current, cidrs) {
-                Ok(())
-            } else {
-                Err(SetError::Taken(current))
-            };
+            return already_set(current, cidrs);
         }
         tx.prepare_cached("UPDATE nodes SET pod_cidrs = ?2 WHERE name = ?1")
             .and_then(|mut s| s.execute(params![name, encode_list(cidrs)]))
@@ -761,11 +757,7 @@ impl Store {
         if let Some(current) = current {
             let current = decode_list(&path, "alias", name, &current)?;
             if !current.is_empty() {
-                return if same_set(&current, cidrs) {
-                    Ok(())
-                } else {
-                    Err(SetError::Taken(current))
-                };
+                return already_set(current, cidrs);
             }
         }
         tx.prepare_cached("INSERT OR REPLACE INTO aliases (node, cidrs) VALUES (?1, ?2)")
@@ -773,6 +765,16 @@ impl Store {
             .map_err(|e| sql_err(&path, "write alias", e))?;
         tx.commit().map_err(|e| sql_err(&path, "commit", e))?;
         Ok(())
+    }
+}
+
+/// A write of `cidrs` where `current` is set already: set once, like a node's pod ranges and
+/// a VM's alias. The same ranges again succeed; different ones are refused.
+fn already_set(current: Vec<String>, cidrs: &[String]) -> Result<(), SetError> {
+    if same_set(&current, cidrs) {
+        Ok(())
+    } else {
+        Err(SetError::Taken(current))
     }
 }
 
