@@ -8,11 +8,13 @@ use alloc::string::{String, ToString};
 use alloc::vec::Vec;
 use core::cmp::Reverse;
 use core::fmt;
+use core::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use core::ops::Bound;
 use hashbrown::HashMap;
 use hashbrown::hash_map::EntryRef;
 use smallvec::SmallVec;
 
-use ipnet::IpNet;
+use ipnet::{IpNet, Ipv4Net, Ipv6Net};
 
 use crate::cidrset::{CidrSet, CidrSetError};
 use crate::host::Host;
@@ -83,52 +85,120 @@ impl Backoff {
 /// A node's ranges: one per cluster CIDR, so at most two, kept inline.
 type Ranges = SmallVec<[IpNet; 2]>;
 
-/// A range as a key of integers, ordered as `IpNet` is (family, address, prefix) but compared
-/// without a byte-wise `memcmp` of addresses, which is slow in wasm.
+/// A node's index in the controller's table: cheap to copy, compare and queue.
+type NodeId = u32;
+
+/// A range as a key of integers within one IP family, ordered as `IpNet` is (address, then
+/// prefix) but compared without a byte-wise `memcmp` of addresses, which is slow in wasm. The
+/// address is two `u64` halves rather than a `u128`: a `u128` would make the key 16-aligned,
+/// and every tree node an aligned allocation, which the guest's allocator serves on a slow path.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 struct RangeKey {
-    v6: bool,
-    addr: u128,
+    high: u64,
+    low: u64,
     prefix: u8,
 }
 
 impl RangeKey {
     fn of(range: IpNet) -> Self {
+        Self::at(range.addr(), range.prefix_len())
+    }
+
+    fn at(addr: IpAddr, prefix: u8) -> Self {
+        let bits = match addr {
+            IpAddr::V4(a) => u128::from(a.to_bits()),
+            IpAddr::V6(a) => a.to_bits(),
+        };
         Self {
-            v6: range.addr().is_ipv6(),
-            addr: addr_bits(range.addr()),
-            prefix: range.prefix_len(),
+            high: (bits >> 64) as u64,
+            low: bits as u64,
+            prefix,
         }
     }
 
     /// Below every key of a range starting inside `range`.
     fn first_of(range: IpNet) -> Self {
-        Self {
-            prefix: 0,
-            addr: addr_bits(range.network()),
-            ..Self::of(range)
-        }
+        Self::at(range.network(), 0)
     }
 
     /// Above every key of a range starting inside `range`.
     fn last_of(range: IpNet) -> Self {
-        Self {
-            prefix: u8::MAX,
-            addr: addr_bits(range.broadcast()),
-            ..Self::of(range)
+        Self::at(range.broadcast(), u8::MAX)
+    }
+
+    /// The range the key was made of, in the family of `like`.
+    fn range(self, like: IpNet) -> IpNet {
+        let bits = (u128::from(self.high) << 64) | u128::from(self.low);
+        let range = match like {
+            IpNet::V4(_) => {
+                Ipv4Net::new(Ipv4Addr::from_bits(bits as u32), self.prefix).map(IpNet::V4)
+            }
+            IpNet::V6(_) => Ipv6Net::new(Ipv6Addr::from_bits(bits), self.prefix).map(IpNet::V6),
+        };
+        range.expect("a key made of a valid range")
+    }
+}
+
+/// Held ranges of one IP family and their holders, in descending order: the allocator hands
+/// ranges out in ascending order, and a B-tree search scans each tree node from its first key,
+/// so a new range finds its place after one comparison per level.
+type Family = BTreeMap<Reverse<RangeKey>, NodeId>;
+
+/// Which node holds each range (the allocator only knows that a range is used). Held ranges
+/// never overlap.
+#[derive(Debug, Default)]
+struct Holders {
+    v4: Family,
+    v6: Family,
+}
+
+impl Holders {
+    fn family(&self, range: IpNet) -> &Family {
+        match range {
+            IpNet::V4(_) => &self.v4,
+            IpNet::V6(_) => &self.v6,
         }
     }
-}
 
-fn addr_bits(addr: core::net::IpAddr) -> u128 {
-    match addr {
-        core::net::IpAddr::V4(a) => u128::from(a.to_bits()),
-        core::net::IpAddr::V6(a) => a.to_bits(),
+    fn family_mut(&mut self, range: IpNet) -> &mut Family {
+        match range {
+            IpNet::V4(_) => &mut self.v4,
+            IpNet::V6(_) => &mut self.v6,
+        }
+    }
+
+    fn insert(&mut self, range: IpNet, id: NodeId) {
+        self.family_mut(range)
+            .insert(Reverse(RangeKey::of(range)), id);
+    }
+
+    fn holder(&self, range: IpNet) -> Option<NodeId> {
+        self.family(range)
+            .get(&Reverse(RangeKey::of(range)))
+            .copied()
+    }
+
+    fn remove(&mut self, range: IpNet) {
+        self.family_mut(range).remove(&Reverse(RangeKey::of(range)));
+    }
+
+    /// A held range that overlaps `range`, and its holder. CIDRs overlap only by nesting, and
+    /// held ranges never overlap each other, so two ordered lookups find it: a held range that
+    /// starts inside `range`, or the last one starting before it, if that one contains it.
+    fn overlapping(&self, range: IpNet) -> Option<(IpNet, NodeId)> {
+        let family = self.family(range);
+        let first = Reverse(RangeKey::first_of(range));
+        let last = Reverse(RangeKey::last_of(range));
+        let inside = family.range(last..=first).next();
+        let before = family
+            .range((Bound::Excluded(first), Bound::Unbounded))
+            .next()
+            .filter(|(held, _)| held.0.range(range).contains(&range));
+        inside
+            .or(before)
+            .map(|(held, &holder)| (held.0.range(range), holder))
     }
 }
-
-/// A node's index in the controller's table: cheap to copy, compare and queue.
-type NodeId = u32;
 
 /// What the controller remembers of one node.
 #[derive(Debug)]
@@ -169,9 +239,8 @@ pub struct Controller {
     /// Node states by id; a forgotten node's slot is reused (`free`).
     nodes: Vec<NodeState>,
     free: Vec<NodeId>,
-    /// Which node holds each range (the allocator only knows that a range is used). Held
-    /// ranges never overlap.
-    holders: BTreeMap<RangeKey, (IpNet, NodeId)>,
+    /// Which node holds each range.
+    holders: Holders,
     /// Resync queue: a min-heap of (due, node, schedule). Rescheduling pushes a new entry and
     /// leaves the old one stale (its schedule number no longer matches the node's); stale
     /// entries are dropped when they reach the top, so the top is always live.
@@ -238,7 +307,7 @@ impl Controller {
             ids: HashMap::new(),
             nodes: Vec::new(),
             free: Vec::new(),
-            holders: BTreeMap::new(),
+            holders: Holders::default(),
             queue: BinaryHeap::new(),
         })
     }
@@ -489,6 +558,7 @@ impl Controller {
             let usable = self.set_for(range).is_some_and(|set| set.contains(range))
                 && !keep.iter().any(|k| k.contains(&range) || range.contains(k))
                 && self
+                    .holders
                     .overlapping(range)
                     .is_none_or(|(held, holder)| held == range && holder == id);
             if usable {
@@ -549,7 +619,7 @@ impl Controller {
             if range.prefix_len() != set.node_mask_size() || !set.contains(range) {
                 return false;
             }
-            match self.overlapping(range) {
+            match self.holders.overlapping(range) {
                 Some((held, holder)) => held == range && holder == id,
                 None => !set.is_occupied(range).unwrap_or(true),
             }
@@ -587,7 +657,7 @@ impl Controller {
         let found = if free_slot {
             None
         } else {
-            self.overlapping(range)
+            self.holders.overlapping(range)
         };
         if let Some((held, holder)) = found {
             if held == range && holder == id {
@@ -619,20 +689,6 @@ impl Controller {
         }
         self.hold(id, range);
         Ok(())
-    }
-
-    /// A held range that overlaps `range`, and its holder. CIDRs overlap only by nesting, and
-    /// held ranges never overlap each other, so two ordered lookups find it: a held range that
-    /// starts inside `range`, or the last one starting before it, if that one contains it.
-    fn overlapping(&self, range: IpNet) -> Option<(IpNet, NodeId)> {
-        let first = RangeKey::first_of(range);
-        let inside = self.holders.range(first..=RangeKey::last_of(range)).next();
-        let before = self
-            .holders
-            .range(..first)
-            .next_back()
-            .filter(|(_, (held, _))| held.contains(&range));
-        inside.or(before).map(|(_, &held)| held)
     }
 
     /// At start: occupy a node's range or alias, logging (not failing) what cannot be used.
@@ -680,7 +736,7 @@ impl Controller {
 
     /// Records `range` as held by the node (the allocator already has it).
     fn hold(&mut self, id: NodeId, range: IpNet) {
-        self.holders.insert(RangeKey::of(range), (range, id));
+        self.holders.insert(range, id);
         self.nodes[id as usize].held.push(range);
     }
 
@@ -689,13 +745,8 @@ impl Controller {
     /// is left alone; one smaller than a node range frees that node range only when nothing
     /// else held lies in it).
     fn release_for(&mut self, host: &mut impl Host, id: NodeId, range: IpNet) {
-        let key = RangeKey::of(range);
-        if self
-            .holders
-            .get(&key)
-            .is_some_and(|&(_, holder)| holder == id)
-        {
-            self.holders.remove(&key);
+        if self.holders.holder(range) == Some(id) {
+            self.holders.remove(range);
             self.nodes[id as usize].held.retain(|r| *r != range);
         }
         let Some(set) = self
@@ -706,7 +757,7 @@ impl Controller {
             return;
         };
         let slot = node_range_of(range, self.sets[set].node_mask_size());
-        if let Some((held, holder)) = self.overlapping(slot) {
+        if let Some((held, holder)) = self.holders.overlapping(slot) {
             host.log(
                 Level::Info,
                 "not releasing a range that another held range uses",
@@ -965,7 +1016,7 @@ fn push_ipv4(text: &mut String, octets: [u8; 4]) {
 /// RFC 5952 text, as `Ipv6Addr`'s `Display`: lower-case hex groups without leading zeros, the
 /// longest run of two or more zero groups (the first on a tie) as `::`, and IPv4-mapped
 /// addresses as `::ffff:a.b.c.d`.
-fn push_ipv6(text: &mut String, addr: core::net::Ipv6Addr) {
+fn push_ipv6(text: &mut String, addr: Ipv6Addr) {
     if let Some(v4) = addr.to_ipv4_mapped() {
         text.push_str("::ffff:");
         push_ipv4(text, v4.octets());

@@ -1055,7 +1055,7 @@ fn cidr_strings_are_what_display_writes() {
 proptest::proptest! {
     #[test]
     fn every_ipv4_cidr_string_is_what_display_writes(addr: u32, prefix in 0u8..=32) {
-        let range = IpNet::V4(ipnet::Ipv4Net::new(core::net::Ipv4Addr::from(addr), prefix).unwrap());
+        let range = IpNet::V4(Ipv4Net::new(Ipv4Addr::from(addr), prefix).unwrap());
         proptest::prop_assert_eq!(cidr_string(range), range.to_string());
     }
 
@@ -1069,8 +1069,8 @@ proptest::proptest! {
         ]),
         prefix in 0u8..=128,
     ) {
-        let addr = core::net::Ipv6Addr::from(groups);
-        let range = IpNet::V6(ipnet::Ipv6Net::new(addr, prefix).unwrap());
+        let addr = Ipv6Addr::from(groups);
+        let range = IpNet::V6(Ipv6Net::new(addr, prefix).unwrap());
         proptest::prop_assert_eq!(cidr_string(range), range.to_string());
     }
 }
