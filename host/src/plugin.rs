@@ -24,7 +24,7 @@ use crate::bindings::{Nodeipam, NodeipamPre};
 use crate::cache::{self, CacheOutcome, ComponentCache};
 use crate::error::Error;
 use crate::types::{Config, Stats, TickReport};
-use crate::wiring::{FatalCall, HostState, Imports, MemoryLimitExceeded};
+use crate::wiring::{self, FatalCall, HostState, MemoryLimitExceeded};
 
 /// How often the epoch ticker advances the engine's epoch: the granularity of
 /// [`Limits::call_timeout`].
@@ -62,7 +62,6 @@ impl Limits {
     }
 }
 
-/// The engine configuration every plugin (and the cache key) uses.
 /// A WIT node with nothing in it (the generated record has no `Default`).
 fn empty_node() -> wit::Node {
     wit::Node {
@@ -72,6 +71,7 @@ fn empty_node() -> wit::Node {
     }
 }
 
+/// The engine configuration every plugin (and the cache key) uses.
 pub(crate) fn engine_config() -> wasmtime::Config {
     let mut config = wasmtime::Config::new();
     config.epoch_interruption(true);
@@ -142,8 +142,7 @@ impl PluginBuilder {
             None => cache::compile_uncached(&engine, wasm)?,
         };
         let mut linker = Linker::<HostState<B>>::new(&engine);
-        Nodeipam::add_to_linker::<HostState<B>, Imports<B>>(&mut linker, |state| state)
-            .map_err(|e| Error::Link(e.into_boxed_dyn_error()))?;
+        wiring::add_to_linker(&mut linker).map_err(|e| Error::Link(e.into_boxed_dyn_error()))?;
         let pre = linker
             .instantiate_pre(&component)
             .and_then(NodeipamPre::new)

@@ -1,5 +1,10 @@
-//! The one place that binds the generated import traits to the native backends, and that
+//! The one place that binds the component's imports to the native backends, and that
 //! converts between generated and host-native types.
+//!
+//! `kube-api` and `cloud-alias` are defined here by hand ([`add_to_linker`]): every node update
+//! calls them, and they read the node and ranges in place from guest memory into buffers kept
+//! across calls, instead of lifting them into fresh `String`s on every call. `events` and `log`
+//! go through the generated bindings.
 //!
 //! Error-versus-trap is decided here: [`BackendError::NotFound`], `Conflict`, `Unavailable`
 //! and `Other` become a WIT `host-error` value that the component handles;
@@ -8,11 +13,11 @@
 
 use std::fmt;
 
-use wasmtime::component::HasData;
-use wasmtime::{ResourceLimiter, StoreLimits, StoreLimitsBuilder};
+use wasmtime::component::{ComponentType, HasData, Lift, Linker, WasmList, WasmStr};
+use wasmtime::{ResourceLimiter, StoreContextMut, StoreLimits, StoreLimitsBuilder};
 
 use crate::backend::{BackendError, Backends, Node};
-use crate::bindings::nodeipam::sync::{cloud_alias, events, kube_api, log, types as wit};
+use crate::bindings::nodeipam::sync::{events, log, types as wit};
 use crate::error::SyncError;
 use crate::types::{ClusterCidr, Config, Stats, SyncMode, TickReport, Usage};
 
@@ -22,6 +27,8 @@ pub(crate) struct HostState<B> {
     pub(crate) backends: B,
     /// Enforces [`Limits::max_memory_bytes`](crate::plugin::Limits::max_memory_bytes).
     pub(crate) limiter: MemoryLimiter,
+    /// The arguments of the last node-taking import, copied out of guest memory.
+    args: Args,
 }
 
 impl<B: Backends> HostState<B> {
@@ -30,6 +37,7 @@ impl<B: Backends> HostState<B> {
         Self {
             backends,
             limiter: MemoryLimiter::new(max_memory_bytes),
+            args: Args::default(),
         }
     }
 }
@@ -140,54 +148,139 @@ fn to_wit<T>(
 
 impl<B: Backends> wit::Host for HostState<B> {}
 
-impl<B: Backends> kube_api::Host for HostState<B> {
-    fn get_node(&mut self, name: String) -> wasmtime::Result<Result<wit::Node, wit::HostError>> {
-        to_wit(
-            "get-node",
-            self.backends.get_node(&name).map(wit::Node::from),
-        )
-    }
-
-    fn update_node_pod_cidrs(
-        &mut self,
-        node: wit::Node,
-        cidrs: Vec<String>,
-    ) -> wasmtime::Result<Result<(), wit::HostError>> {
-        let node = Node::from(node);
-        to_wit(
-            "update-node-pod-cidrs",
-            self.backends.update_node_pod_cidrs(&node, &cidrs),
-        )
-    }
-
-    fn update_node_network_unavailable(
-        &mut self,
-        name: String,
-        unavailable: bool,
-    ) -> wasmtime::Result<Result<(), wit::HostError>> {
-        to_wit(
-            "update-node-network-unavailable",
-            self.backends
-                .update_node_network_unavailable(&name, unavailable),
-        )
-    }
+/// WIT `node` as an import receives it: the strings stay in guest memory until copied.
+#[derive(ComponentType, Lift)]
+#[component(record)]
+struct NodeArg {
+    name: WasmStr,
+    #[component(name = "provider-id")]
+    provider_id: Option<WasmStr>,
+    #[component(name = "pod-cidrs")]
+    pod_cidrs: WasmList<WasmStr>,
 }
 
-impl<B: Backends> cloud_alias::Host for HostState<B> {
-    fn alias(&mut self, node: wit::Node) -> wasmtime::Result<Result<Vec<String>, wit::HostError>> {
-        to_wit("alias", self.backends.alias(&Node::from(node)))
-    }
+/// What a node-taking import passes to its backend, copied out of guest memory into buffers
+/// that keep their capacity from call to call.
+#[derive(Debug, Default)]
+struct Args {
+    node: Node,
+    cidrs: Vec<String>,
+}
 
-    fn add_alias(
-        &mut self,
-        node: wit::Node,
-        cidrs: Vec<String>,
-    ) -> wasmtime::Result<Result<(), wit::HostError>> {
-        to_wit(
-            "add-alias",
-            self.backends.add_alias(&Node::from(node), &cidrs),
-        )
+type Ctx<'a, B> = StoreContextMut<'a, HostState<B>>;
+
+/// Copies a guest string into `dst`, reusing its buffer.
+fn copy_str<B: Backends>(cx: &Ctx<'_, B>, src: &WasmStr, dst: &mut String) -> wasmtime::Result<()> {
+    dst.clear();
+    dst.push_str(&src.to_str(cx)?);
+    Ok(())
+}
+
+/// Copies a guest `list<string>` into `dst`, reusing its strings.
+fn copy_strings<B: Backends>(
+    cx: &mut Ctx<'_, B>,
+    src: &WasmList<WasmStr>,
+    dst: &mut Vec<String>,
+) -> wasmtime::Result<()> {
+    dst.truncate(src.len());
+    for i in 0..src.len() {
+        let Some(item) = src.get(&mut *cx, i) else {
+            break;
+        };
+        let item = item?;
+        match dst.get_mut(i) {
+            Some(text) => copy_str(cx, &item, text)?,
+            None => dst.push(item.to_str(&*cx)?.into_owned()),
+        }
     }
+    Ok(())
+}
+
+/// Copies a guest node into `dst`, reusing its buffers.
+fn copy_node<B: Backends>(
+    cx: &mut Ctx<'_, B>,
+    src: &NodeArg,
+    dst: &mut Node,
+) -> wasmtime::Result<()> {
+    copy_str(cx, &src.name, &mut dst.name)?;
+    match &src.provider_id {
+        Some(id) => copy_str(cx, id, dst.provider_id.get_or_insert_with(String::new))?,
+        None => dst.provider_id = None,
+    }
+    copy_strings(cx, &src.pod_cidrs, &mut dst.pod_cidrs)
+}
+
+/// Runs a node-taking import: copies its node (and ranges) out of guest memory, calls the
+/// backend with them and converts its result ([`to_wit`]).
+fn with_node<B: Backends, T>(
+    mut cx: Ctx<'_, B>,
+    call: &'static str,
+    node: &NodeArg,
+    cidrs: Option<&WasmList<WasmStr>>,
+    f: impl FnOnce(&mut B, &Node, &[String]) -> Result<T, BackendError>,
+) -> wasmtime::Result<(Result<T, wit::HostError>,)> {
+    let mut args = std::mem::take(&mut cx.data_mut().args);
+    let copied = copy_node(&mut cx, node, &mut args.node).and_then(|()| match cidrs {
+        Some(cidrs) => copy_strings(&mut cx, cidrs, &mut args.cidrs),
+        None => Ok(()),
+    });
+    let result = copied.map(|()| f(&mut cx.data_mut().backends, &args.node, &args.cidrs));
+    cx.data_mut().args = args;
+    Ok((to_wit(call, result?)?,))
+}
+
+/// Adds the component's imports to `linker`.
+pub(crate) fn add_to_linker<B: Backends>(
+    linker: &mut Linker<HostState<B>>,
+) -> wasmtime::Result<()> {
+    events::add_to_linker::<_, Imports<B>>(linker, |state| state)?;
+    log::add_to_linker::<_, Imports<B>>(linker, |state| state)?;
+
+    let mut kube = linker.instance("nodeipam:sync/kube-api@0.1.0")?;
+    kube.func_wrap("get-node", |mut cx: Ctx<'_, B>, (name,): (String,)| {
+        let node = cx.data_mut().backends.get_node(&name).map(wit::Node::from);
+        Ok((to_wit("get-node", node)?,))
+    })?;
+    kube.func_wrap(
+        "update-node-pod-cidrs",
+        |cx: Ctx<'_, B>, (node, cidrs): (NodeArg, WasmList<WasmStr>)| {
+            with_node(
+                cx,
+                "update-node-pod-cidrs",
+                &node,
+                Some(&cidrs),
+                |b, node, cidrs| b.update_node_pod_cidrs(node, cidrs),
+            )
+        },
+    )?;
+    kube.func_wrap(
+        "update-node-network-unavailable",
+        |mut cx: Ctx<'_, B>, (name, unavailable): (WasmStr, bool)| {
+            let mut args = std::mem::take(&mut cx.data_mut().args);
+            let copied = copy_str(&cx, &name, &mut args.node.name);
+            let result = copied.map(|()| {
+                cx.data_mut()
+                    .backends
+                    .update_node_network_unavailable(&args.node.name, unavailable)
+            });
+            cx.data_mut().args = args;
+            Ok((to_wit("update-node-network-unavailable", result?)?,))
+        },
+    )?;
+
+    let mut cloud = linker.instance("nodeipam:sync/cloud-alias@0.1.0")?;
+    cloud.func_wrap("alias", |cx: Ctx<'_, B>, (node,): (NodeArg,)| {
+        with_node(cx, "alias", &node, None, |b, node, _| b.alias(node))
+    })?;
+    cloud.func_wrap(
+        "add-alias",
+        |cx: Ctx<'_, B>, (node, cidrs): (NodeArg, WasmList<WasmStr>)| {
+            with_node(cx, "add-alias", &node, Some(&cidrs), |b, node, cidrs| {
+                b.add_alias(node, cidrs)
+            })
+        },
+    )?;
+    Ok(())
 }
 
 impl<B: Backends> events::Host for HostState<B> {
@@ -350,8 +443,6 @@ impl From<wit::TickReport> for TickReport {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::mock::MockCluster;
-    use kube_api::Host as _;
 
     #[test]
     fn expected_backend_errors_become_host_error_values() {
@@ -390,21 +481,6 @@ mod tests {
         let fatal = trap.downcast_ref::<FatalCall>().expect("a FatalCall");
         assert_eq!(fatal.call, "add-alias");
         assert_eq!(fatal.source, BackendError::Fatal("boom".into()));
-    }
-
-    #[test]
-    fn imports_reach_the_backends() {
-        let mut state = HostState::new(
-            MockCluster::new().with_node(Node::new("a", &["10.0.0.0/24"])),
-            1 << 20,
-        );
-        let node = state.get_node("a".into()).unwrap().unwrap();
-        assert_eq!(node.pod_cidrs, vec!["10.0.0.0/24".to_owned()]);
-        let missing = state.get_node("b".into()).unwrap();
-        assert!(
-            matches!(missing, Err(wit::HostError::NotFound(_))),
-            "{missing:?}"
-        );
     }
 
     #[test]
