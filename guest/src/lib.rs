@@ -6,6 +6,7 @@
 
 extern crate alloc;
 
+pub mod cidr;
 pub mod cidrset;
 pub mod host;
 pub mod sync;

@@ -7,7 +7,6 @@ use alloc::format;
 use alloc::string::{String, ToString};
 use alloc::vec::Vec;
 use core::cmp::Reverse;
-use core::fmt;
 use core::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use core::ops::Bound;
 use hashbrown::HashMap;
@@ -16,6 +15,7 @@ use smallvec::SmallVec;
 
 use ipnet::{IpNet, Ipv4Net, Ipv6Net};
 
+use crate::cidr::{cidr_string, parse_cidr};
 use crate::cidrset::{CidrSet, CidrSetError};
 use crate::host::Host;
 use crate::types::{Config, HostError, Level, Node, Stats, SyncError, SyncMode, TickReport, Usage};
@@ -902,7 +902,10 @@ impl Controller {
             }
             ranges.push(range);
         }
-        ranges.sort_by_key(|r| self.sets.iter().position(|s| same_family(s.cluster(), *r)));
+        // In the order of the cluster CIDRs: two ranges are one of each family.
+        if ranges.len() == 2 && !same_family(ranges[0], self.sets[0].cluster()) {
+            ranges.swap(0, 1);
+        }
         Ok(ranges)
     }
 }
@@ -933,34 +936,6 @@ fn cidr_sets(config: &Config) -> Result<Vec<CidrSet>, SyncError> {
     Ok(sets)
 }
 
-/// Parses a range; host bits are cleared, as Kubernetes' `net.ParseCIDR` does.
-pub fn parse_cidr(text: &str) -> Result<IpNet, ParseError> {
-    if text.is_empty() {
-        return Err(ParseError::Empty);
-    }
-    text.parse::<IpNet>()
-        .map(|n| n.trunc())
-        .map_err(|_| ParseError::Malformed)
-}
-
-/// Why a range did not parse.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum ParseError {
-    /// The empty string.
-    Empty,
-    /// Not `address/prefix`.
-    Malformed,
-}
-
-impl fmt::Display for ParseError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            Self::Empty => "empty, expected address/prefix",
-            Self::Malformed => "not a cidr (expected address/prefix, e.g. 10.0.0.0/24)",
-        })
-    }
-}
-
 fn cidr_error(name: &str, e: CidrSetError) -> SyncError {
     let message = format!("node {}: {e}", quote(name));
     match e {
@@ -989,86 +964,6 @@ fn same_family(a: IpNet, b: IpNet) -> bool {
 
 fn to_strings(ranges: &[IpNet]) -> Vec<String> {
     ranges.iter().map(|&range| cidr_string(range)).collect()
-}
-
-/// `range` as text, as its `Display` writes it, written directly: `core::fmt` is several times
-/// slower in wasm, and every allocation writes its ranges twice.
-fn cidr_string(range: IpNet) -> String {
-    let mut text = String::with_capacity(48);
-    match range {
-        IpNet::V4(net) => push_ipv4(&mut text, net.addr().octets()),
-        IpNet::V6(net) => push_ipv6(&mut text, net.addr()),
-    }
-    text.push('/');
-    push_decimal(&mut text, range.prefix_len());
-    text
-}
-
-fn push_ipv4(text: &mut String, octets: [u8; 4]) {
-    for (i, octet) in octets.into_iter().enumerate() {
-        if i > 0 {
-            text.push('.');
-        }
-        push_decimal(text, octet);
-    }
-}
-
-/// RFC 5952 text, as `Ipv6Addr`'s `Display`: lower-case hex groups without leading zeros, the
-/// longest run of two or more zero groups (the first on a tie) as `::`, and IPv4-mapped
-/// addresses as `::ffff:a.b.c.d`.
-fn push_ipv6(text: &mut String, addr: Ipv6Addr) {
-    if let Some(v4) = addr.to_ipv4_mapped() {
-        text.push_str("::ffff:");
-        push_ipv4(text, v4.octets());
-        return;
-    }
-    let groups = addr.segments();
-    let (mut zeros_at, mut zeros_len) = (0, 0);
-    let mut i = 0;
-    while i < groups.len() {
-        let run = groups[i..].iter().take_while(|&&g| g == 0).count();
-        if run > zeros_len {
-            (zeros_at, zeros_len) = (i, run);
-        }
-        i += run.max(1);
-    }
-    let push_groups = |text: &mut String, groups: &[u16]| {
-        for (i, &group) in groups.iter().enumerate() {
-            if i > 0 {
-                text.push(':');
-            }
-            push_hex(text, group);
-        }
-    };
-    if zeros_len > 1 {
-        push_groups(text, &groups[..zeros_at]);
-        text.push_str("::");
-        push_groups(text, &groups[zeros_at + zeros_len..]);
-    } else {
-        push_groups(text, &groups);
-    }
-}
-
-fn push_hex(text: &mut String, group: u16) {
-    const DIGITS: &[u8; 16] = b"0123456789abcdef";
-    let mut started = false;
-    for shift in [12, 8, 4, 0] {
-        let digit = usize::from((group >> shift) & 0xf);
-        if digit != 0 || started || shift == 0 {
-            text.push(char::from(DIGITS[digit]));
-            started = true;
-        }
-    }
-}
-
-fn push_decimal(text: &mut String, value: u8) {
-    if value >= 100 {
-        text.push(char::from(b'0' + value / 100));
-    }
-    if value >= 10 {
-        text.push(char::from(b'0' + value / 10 % 10));
-    }
-    text.push(char::from(b'0' + value % 10));
 }
 
 fn join(ranges: &[IpNet]) -> String {
