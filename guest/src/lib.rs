@@ -9,6 +9,7 @@ extern crate alloc;
 pub mod cidr;
 pub mod cidrset;
 pub mod host;
+mod mem;
 pub mod sync;
 pub mod types;
 pub mod workload;
