@@ -445,18 +445,22 @@ impl Controller {
     /// The update: compare the node's ranges with its cloud alias and act (DESIGN.md's table).
     fn sync(&mut self, host: &mut impl Host, id: NodeId, node: &Node) -> Result<(), SyncError> {
         let ranges = self.parse_ranges(&node.name, "pod range", &node.pod_cidrs)?;
-        let alias = match host.alias(node) {
+        let parsed_alias;
+        let alias: &[IpNet] = match host.alias(node) {
             // The same texts as the node's: the same ranges (the common, in-sync case).
-            Ok(alias) if alias == node.pod_cidrs => ranges.clone(),
-            Ok(alias) => self.parse_ranges(&node.name, "cloud alias", &alias)?,
-            Err(HostError::NotFound(_)) => Ranges::new(),
+            Ok(alias) if alias == node.pod_cidrs => &ranges,
+            Ok(alias) => {
+                parsed_alias = self.parse_ranges(&node.name, "cloud alias", &alias)?;
+                &parsed_alias
+            }
+            Err(HostError::NotFound(_)) => &[],
             Err(e) => return Err(host_error(e)),
         };
         match (ranges.is_empty(), alias.is_empty()) {
             (true, true) => self.allocate(host, id, node),
-            (true, false) => self.update_node_from_alias(host, id, node, &alias),
+            (true, false) => self.update_node_from_alias(host, id, node, alias),
             (false, true) => self.update_alias_from_node(host, id, node, &ranges),
-            (false, false) => self.validate(host, id, node, &ranges, &alias),
+            (false, false) => self.validate(host, id, node, &ranges, alias),
         }
     }
 
