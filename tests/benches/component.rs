@@ -572,29 +572,78 @@ fn sync_inside(bench_wasm: &[u8]) {
     let bench = Bench::instantiate(&mut store, &component, &Linker::new(&engine))
         .expect("the bench component instantiates");
     let w = bench.nodeipam_bench_workload();
-    for (in_sync, dual, label) in [
-        (true, false, "inside one call, single-stack: in sync"),
-        (false, false, "inside one call, single-stack: allocate"),
-        (true, true, "inside one call, dual-stack: in sync"),
-        (false, true, "inside one call, dual-stack: allocate"),
+    // DESIGN.md holds allocating and `init` to 1.5x of native. In-sync updates are shown for
+    // scale: the first sync after start (which also marks each node's network available once),
+    // and a resync of nodes already synced (no write at all), which is mostly lookups
+    // (the node table, the in-core cloud's map) and per-call overhead rather than work.
+    let ratio: &[Target] = &[Target::Ratio(1.5)];
+    for (in_sync, dual, passes, label, targets) in [
+        (
+            true,
+            false,
+            1,
+            "inside one call, single-stack: in sync, first",
+            &[][..],
+        ),
+        (
+            true,
+            false,
+            2,
+            "inside one call, single-stack: in sync, resync",
+            &[],
+        ),
+        (
+            false,
+            false,
+            1,
+            "inside one call, single-stack: allocate",
+            ratio,
+        ),
+        (
+            true,
+            true,
+            1,
+            "inside one call, dual-stack: in sync, first",
+            &[],
+        ),
+        (
+            true,
+            true,
+            2,
+            "inside one call, dual-stack: in sync, resync",
+            &[],
+        ),
+        (
+            false,
+            true,
+            1,
+            "inside one call, dual-stack: allocate",
+            ratio,
+        ),
     ] {
         let (wasm_ns, native_ns) = paired(RUNS, |_| {
             assert!(
                 w.call_prepare_sync(&mut store, SYNC_NODES, in_sync, dual)
                     .expect("prepare")
             );
+            for _ in 1..passes {
+                w.call_run_sync(&mut store).expect("run");
+            }
             let start = Instant::now();
             let done = w.call_run_sync(&mut store).expect("run");
             let wasm = per(start.elapsed(), SYNC_NODES as usize);
             assert_eq!(done, SYNC_NODES);
 
             let mut native = workload::sync_prepare(SYNC_NODES, in_sync, dual).expect("prepare");
+            for _ in 1..passes {
+                workload::sync_run(&mut native);
+            }
             let start = Instant::now();
             let done = black_box(workload::sync_run(black_box(&mut native)));
             assert_eq!(done, SYNC_NODES);
             (wasm, per(start.elapsed(), SYNC_NODES as usize))
         });
-        row(label, Some(wasm_ns), Some(native_ns), &[Target::Ratio(1.5)]);
+        row(label, Some(wasm_ns), Some(native_ns), targets);
     }
 
     let count = INIT_NODES as u32;
