@@ -210,24 +210,25 @@ fn copy_node<B: Backends>(
     copy_strings(cx, &src.pod_cidrs, &mut dst.pod_cidrs)
 }
 
-/// Runs a node-taking import: copies its node (and ranges) out of guest memory, calls the
-/// backend with them and converts its result ([`to_wit`]).
-fn with_node<B: Backends, T>(
+/// Runs an import whose arguments the backend gets as copies in the kept buffers: `copy`
+/// fills them from guest memory, `run` calls the backend with them, and [`to_wit`] converts
+/// its result.
+fn with_args<B: Backends, T>(
     mut cx: Ctx<'_, B>,
     call: &'static str,
-    node: &NodeArg,
-    cidrs: Option<&WasmList<WasmStr>>,
-    f: impl FnOnce(&mut B, &Node, &[String]) -> Result<T, BackendError>,
+    copy: impl FnOnce(&mut Ctx<'_, B>, &mut Args) -> wasmtime::Result<()>,
+    run: impl FnOnce(&mut B, &Args) -> Result<T, BackendError>,
 ) -> wasmtime::Result<(Result<T, wit::HostError>,)> {
     let mut args = std::mem::take(&mut cx.data_mut().args);
-    let copied = copy_node(&mut cx, node, &mut args.node).and_then(|()| match cidrs {
-        Some(cidrs) => copy_strings(&mut cx, cidrs, &mut args.cidrs),
-        None => Ok(()),
-    });
-    let result = copied.map(|()| f(&mut cx.data_mut().backends, &args.node, &args.cidrs));
+    let copied = copy(&mut cx, &mut args);
+    let result = copied.map(|()| run(&mut cx.data_mut().backends, &args));
     cx.data_mut().args = args;
     Ok((to_wit(call, result?)?,))
 }
+
+/// The instance names of the hand-wired interfaces (the world's package and version).
+const KUBE_API: &str = "nodeipam:sync/kube-api@0.1.0";
+const CLOUD_ALIAS: &str = "nodeipam:sync/cloud-alias@0.1.0";
 
 /// Adds the component's imports to `linker`.
 pub(crate) fn add_to_linker<B: Backends>(
@@ -236,7 +237,7 @@ pub(crate) fn add_to_linker<B: Backends>(
     events::add_to_linker::<_, Imports<B>>(linker, |state| state)?;
     log::add_to_linker::<_, Imports<B>>(linker, |state| state)?;
 
-    let mut kube = linker.instance("nodeipam:sync/kube-api@0.1.0")?;
+    let mut kube = linker.instance(KUBE_API)?;
     kube.func_wrap("get-node", |mut cx: Ctx<'_, B>, (name,): (String,)| {
         let node = cx.data_mut().backends.get_node(&name).map(wit::Node::from);
         Ok((to_wit("get-node", node)?,))
@@ -244,40 +245,52 @@ pub(crate) fn add_to_linker<B: Backends>(
     kube.func_wrap(
         "update-node-pod-cidrs",
         |cx: Ctx<'_, B>, (node, cidrs): (NodeArg, WasmList<WasmStr>)| {
-            with_node(
+            with_args(
                 cx,
                 "update-node-pod-cidrs",
-                &node,
-                Some(&cidrs),
-                |b, node, cidrs| b.update_node_pod_cidrs(node, cidrs),
+                |cx, args| {
+                    copy_node(cx, &node, &mut args.node)?;
+                    copy_strings(cx, &cidrs, &mut args.cidrs)
+                },
+                |backends, args| backends.update_node_pod_cidrs(&args.node, &args.cidrs),
             )
         },
     )?;
     kube.func_wrap(
         "update-node-network-unavailable",
-        |mut cx: Ctx<'_, B>, (name, unavailable): (WasmStr, bool)| {
-            let mut args = std::mem::take(&mut cx.data_mut().args);
-            let copied = copy_str(&cx, &name, &mut args.node.name);
-            let result = copied.map(|()| {
-                cx.data_mut()
-                    .backends
-                    .update_node_network_unavailable(&args.node.name, unavailable)
-            });
-            cx.data_mut().args = args;
-            Ok((to_wit("update-node-network-unavailable", result?)?,))
+        |cx: Ctx<'_, B>, (name, unavailable): (WasmStr, bool)| {
+            with_args(
+                cx,
+                "update-node-network-unavailable",
+                |cx, args| copy_str(cx, &name, &mut args.node.name),
+                |backends, args| {
+                    backends.update_node_network_unavailable(&args.node.name, unavailable)
+                },
+            )
         },
     )?;
 
-    let mut cloud = linker.instance("nodeipam:sync/cloud-alias@0.1.0")?;
+    let mut cloud = linker.instance(CLOUD_ALIAS)?;
     cloud.func_wrap("alias", |cx: Ctx<'_, B>, (node,): (NodeArg,)| {
-        with_node(cx, "alias", &node, None, |b, node, _| b.alias(node))
+        with_args(
+            cx,
+            "alias",
+            |cx, args| copy_node(cx, &node, &mut args.node),
+            |backends, args| backends.alias(&args.node),
+        )
     })?;
     cloud.func_wrap(
         "add-alias",
         |cx: Ctx<'_, B>, (node, cidrs): (NodeArg, WasmList<WasmStr>)| {
-            with_node(cx, "add-alias", &node, Some(&cidrs), |b, node, cidrs| {
-                b.add_alias(node, cidrs)
-            })
+            with_args(
+                cx,
+                "add-alias",
+                |cx, args| {
+                    copy_node(cx, &node, &mut args.node)?;
+                    copy_strings(cx, &cidrs, &mut args.cidrs)
+                },
+                |backends, args| backends.add_alias(&args.node, &args.cidrs),
+            )
         },
     )?;
     Ok(())
