@@ -13,7 +13,7 @@
 
 use std::fmt;
 
-use wasmtime::component::{ComponentType, HasData, Lift, Linker, WasmList, WasmStr};
+use wasmtime::component::{ComponentType, HasData, Lift, Linker, WasmStr};
 use wasmtime::{ResourceLimiter, StoreContextMut, StoreLimits, StoreLimitsBuilder};
 
 use crate::backend::{BackendError, Backends, Node};
@@ -148,7 +148,8 @@ fn to_wit<T>(
 
 impl<B: Backends> wit::Host for HostState<B> {}
 
-/// WIT `node` as an import receives it: the strings stay in guest memory until copied.
+/// WIT `node` as an import receives it: the strings stay in guest memory until copied (a list
+/// arrives as a vector of such strings, lifted in the same pass as the call's other arguments).
 #[derive(ComponentType, Lift)]
 #[component(record)]
 struct NodeArg {
@@ -156,7 +157,7 @@ struct NodeArg {
     #[component(name = "provider-id")]
     provider_id: Option<WasmStr>,
     #[component(name = "pod-cidrs")]
-    pod_cidrs: WasmList<WasmStr>,
+    pod_cidrs: Vec<WasmStr>,
 }
 
 /// What a node-taking import passes to its backend, copied out of guest memory into buffers
@@ -176,32 +177,24 @@ fn copy_str<B: Backends>(cx: &Ctx<'_, B>, src: &WasmStr, dst: &mut String) -> wa
     Ok(())
 }
 
-/// Copies a guest `list<string>` into `dst`, reusing its strings.
+/// Copies guest strings into `dst`, reusing its strings.
 fn copy_strings<B: Backends>(
-    cx: &mut Ctx<'_, B>,
-    src: &WasmList<WasmStr>,
+    cx: &Ctx<'_, B>,
+    src: &[WasmStr],
     dst: &mut Vec<String>,
 ) -> wasmtime::Result<()> {
     dst.truncate(src.len());
-    for i in 0..src.len() {
-        let Some(item) = src.get(&mut *cx, i) else {
-            break;
-        };
-        let item = item?;
+    for (i, item) in src.iter().enumerate() {
         match dst.get_mut(i) {
-            Some(text) => copy_str(cx, &item, text)?,
-            None => dst.push(item.to_str(&*cx)?.into_owned()),
+            Some(text) => copy_str(cx, item, text)?,
+            None => dst.push(item.to_str(cx)?.into_owned()),
         }
     }
     Ok(())
 }
 
 /// Copies a guest node into `dst`, reusing its buffers.
-fn copy_node<B: Backends>(
-    cx: &mut Ctx<'_, B>,
-    src: &NodeArg,
-    dst: &mut Node,
-) -> wasmtime::Result<()> {
+fn copy_node<B: Backends>(cx: &Ctx<'_, B>, src: &NodeArg, dst: &mut Node) -> wasmtime::Result<()> {
     copy_str(cx, &src.name, &mut dst.name)?;
     match &src.provider_id {
         Some(id) => copy_str(cx, id, dst.provider_id.get_or_insert_with(String::new))?,
@@ -244,7 +237,7 @@ pub(crate) fn add_to_linker<B: Backends>(
     })?;
     kube.func_wrap(
         "update-node-pod-cidrs",
-        |cx: Ctx<'_, B>, (node, cidrs): (NodeArg, WasmList<WasmStr>)| {
+        |cx: Ctx<'_, B>, (node, cidrs): (NodeArg, Vec<WasmStr>)| {
             with_args(
                 cx,
                 "update-node-pod-cidrs",
@@ -281,7 +274,7 @@ pub(crate) fn add_to_linker<B: Backends>(
     })?;
     cloud.func_wrap(
         "add-alias",
-        |cx: Ctx<'_, B>, (node, cidrs): (NodeArg, WasmList<WasmStr>)| {
+        |cx: Ctx<'_, B>, (node, cidrs): (NodeArg, Vec<WasmStr>)| {
             with_args(
                 cx,
                 "add-alias",
